@@ -1,0 +1,207 @@
+"""fail@k filter: the problems a model never solves in k samples (paper §4: k=128, T=1.0, 1024
+tokens, the student prompt), split 50/50 into hard train/test.
+
+    soar-filter model.path=PATH data=custom data.path=problems.jsonl filter.k=128 run.name=hard
+
+Writes to the run dir: ``manifest.jsonl`` (append-only, one row per problem, resumable),
+``hard_set/`` (``datasets.save_to_disk``), ``hard_train.jsonl``, ``hard_test.jsonl``, ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from soar.data import Problem, write_jsonl
+from soar.generation import SamplingParams
+from soar.seeding import derive_seed
+
+log = logging.getLogger("soar.filters")
+PROVENANCE_FIELDS = ("model", "template_sha", "sampling", "seed", "k", "grader")
+
+
+def band(passes: int, k: int) -> str:
+    return "all_zero" if passes == 0 else "all_one" if passes == k else "mixed"
+
+
+def prob_group_mixed(p: float, group: int) -> float:
+    """Probability that ``group`` samples at pass rate ``p`` are neither all right nor all wrong
+    (only then does RLOO get a gradient)."""
+    return 1.0 - p ** group - (1.0 - p) ** group
+
+
+def split_hard(ids: list[str], test_frac: float, seed: int) -> tuple[list[str], list[str]]:
+    """Deterministic train/test split of the hard ids (order-independent: sorted, then seeded)."""
+    ordered = sorted(ids)
+    perm = np.random.default_rng(derive_seed(seed, "hard_split")).permutation(len(ordered))
+    n_test = int(round(len(ordered) * test_frac))
+    test = {ordered[i] for i in perm[:n_test]}
+    return [i for i in ordered if i not in test], [i for i in ordered if i in test]
+
+
+@dataclass
+class Manifest:
+    """Append-only JSONL of per-problem outcomes; rows of an unfinished batch are dropped on open."""
+
+    path: Path
+    provenance: dict
+
+    def load(self, batch_of: dict[str, int]) -> dict[str, dict]:
+        if not self.path.exists():
+            return {}
+        rows, lines = [], self.path.read_text().splitlines()
+        for n, line in enumerate(lines):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if n != len(lines) - 1:
+                    raise ValueError(f"{self.path}: line {n + 1} is not JSON (only the last line may be cut by a kill)")
+        for n, row in enumerate(rows):
+            for field in PROVENANCE_FIELDS:
+                if row.get(field) != self.provenance[field]:
+                    raise ValueError(
+                        f"{self.path}: row {n + 1}: field {field!r} is {row.get(field)!r} but this run has "
+                        f"{self.provenance[field]!r}; use a new run dir or restore the original settings")
+        # A batch is complete only if all of its problems are present; otherwise redo it whole so
+        # the resumed run samples exactly what an uninterrupted one would.
+        by_batch: dict[int, list[dict]] = {}
+        for row in rows:
+            by_batch.setdefault(row["batch"], []).append(row)
+        expected = {}
+        for pid, b in batch_of.items():
+            expected[b] = expected.get(b, 0) + 1
+        kept = [r for b, rs in by_batch.items() if len(rs) == expected.get(b, -1) for r in rs]
+        if len(kept) != len(rows) or len(lines) != len(rows):
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(tmp, self.path)
+        return {r["id"]: r for r in kept}
+
+    def append(self, rows: list[dict]) -> None:
+        with open(self.path, "a") as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in rows))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def run_filter(problems: list[Problem], generator, grader, cfg, out_dir: Path, provenance_extra: dict,
+               progress: bool = True) -> dict:
+    """Sample k per problem, record outcomes, build the hard split. Returns the summary dict."""
+    from tqdm.auto import tqdm
+
+    from students.trainer import render_prompt
+
+    f = cfg.filter
+    sampling = {"temperature": f.temperature, "max_tokens": f.max_tokens, "top_p": 1.0, "top_k": 0}
+    provenance = {
+        "model": provenance_extra["model"],
+        "template_sha": hashlib.sha256(cfg.data.prompt_template.encode()).hexdigest()[:16],
+        "sampling": sampling, "seed": cfg.seed, "k": f.k, "grader": cfg.data.grader,
+    }
+    batches = [problems[i:i + f.problems_per_batch] for i in range(0, len(problems), f.problems_per_batch)]
+    batch_of = {p.id: b for b, batch in enumerate(batches) for p in batch}
+    manifest = Manifest(out_dir / "manifest.jsonl", provenance)
+    done = manifest.load(batch_of)
+    todo = [b for b, batch in enumerate(batches) if batch[0].id not in done]
+    log.info("fail@%d on %d problems: %d done, %d batches to go", f.k, len(problems), len(done), len(todo))
+
+    t0, n_samples = time.perf_counter(), 0
+    bar = tqdm(total=len(problems), initial=len(done), desc=f"fail@{f.k}", unit="prob", disable=not progress)
+    for b in todo:
+        batch = batches[b]
+        params = SamplingParams(n=f.k, temperature=f.temperature, max_tokens=f.max_tokens,
+                                seed=derive_seed(cfg.seed, "filter", b))
+        outs = generator.generate([render_prompt(cfg.data.prompt_template, p.question) for p in batch], params)
+        texts = [s.text for group in outs for s in group]
+        grades = grader.grade_batch(texts, [p.answer for p in batch for _ in range(f.k)])
+        rows = []
+        for i, p in enumerate(batch):
+            outcome = [int(g.correct) for g in grades[i * f.k:(i + 1) * f.k]]
+            rows.append({"id": p.id, "batch": b, "outcomes": outcome, "passes": sum(outcome),
+                         "overflow": sum(s.finish_reason == "length" for s in outs[i]),
+                         "grading_errors": sum(g.error is not None for g in grades[i * f.k:(i + 1) * f.k]),
+                         **provenance})
+        manifest.append(rows)
+        done.update({r["id"]: r for r in rows})
+        n_samples += len(texts)
+        elapsed = time.perf_counter() - t0
+        bar.update(len(batch))
+        bar.set_postfix(samples_per_s=f"{n_samples / elapsed:.0f}")
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    return build_hard_set(problems, done, cfg, out_dir, provenance,
+                          throughput={"seconds": elapsed, "samples": n_samples,
+                                      "samples_per_s": n_samples / elapsed if elapsed else None})
+
+
+def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenance: dict, throughput: dict) -> dict:
+    import datasets
+
+    f = cfg.filter
+    counts = {"all_zero": 0, "mixed": 0, "all_one": 0}
+    mixed_rates = []
+    for p in problems:
+        r = rows[p.id]
+        counts[band(r["passes"], f.k)] += 1
+        if band(r["passes"], f.k) == "mixed":
+            mixed_rates.append(r["passes"] / f.k)
+    hard_ids = [p.id for p in problems if rows[p.id]["passes"] == 0]
+    train_ids, test_ids = split_hard(hard_ids, f.test_frac, cfg.seed)
+    by_id = {p.id: p for p in problems}
+    source = {"manifest": str(out_dir / "manifest.jsonl"), **provenance}
+
+    def records(ids):
+        return [{**by_id[i].to_dict(), "meta": json.dumps(by_id[i].meta), "provenance": json.dumps(source)} for i in ids]
+
+    splits = {"train": records(train_ids), "test": records(test_ids)}
+    for name, recs in splits.items():
+        write_jsonl(out_dir / f"hard_{name}.jsonl", recs)
+    features = datasets.Features({k: datasets.Value("string") for k in ("id", "question", "answer", "source", "meta", "provenance")})
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v, features=features) for k, v in splits.items()}).save_to_disk(
+        str(out_dir / "hard_set"))
+    summary = {
+        "problems": len(problems), "bands": counts, "hard": len(hard_ids),
+        "hard_train": len(train_ids), "hard_test": len(test_ids),
+        "token_overflow_samples": sum(rows[p.id]["overflow"] for p in problems),
+        "grading_errors": sum(rows[p.id].get("grading_errors", 0) for p in problems),
+        "mixed_prob_group_mixed": {str(g): float(np.mean([prob_group_mixed(p, g) for p in mixed_rates])) if mixed_rates else None
+                                   for g in f.mixed_group_sizes},
+        "throughput_this_session": throughput, "provenance": provenance,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    log.info("fail@%d: %s; hard set %d (train %d / test %d)", f.k, counts, len(hard_ids), len(train_ids), len(test_ids))
+    return summary
+
+
+def run_filter_stage(cfg) -> dict:
+    """The ``soar-filter`` stage: load model and questions, validate, run, write the hard set."""
+    from soar.config import validate
+    from soar.data import load_problems
+    from soar.generation import make_generator
+    from soar.grading import make_grader
+    from soar.models import check_context, load_model, load_tokenizer, model_context, model_fingerprint, set_threads
+    from soar.run import RunDir
+    from students.trainer import render_prompt
+
+    validate(cfg, "filter")
+    set_threads(cfg.run.threads)
+    run = RunDir(cfg, "filter")
+    try:
+        tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
+        problems = load_problems(cfg.data)
+        check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
+                      cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
+        generator = make_generator(cfg.backend, model, tokenizer)
+        summary = run_filter(problems, generator, make_grader(cfg.data.grader), cfg, run.path,
+                             {"model": model_fingerprint(cfg.model)}, progress=cfg.run.progress)
+        print(json.dumps({k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test")}))
+        return summary
+    finally:
+        run.close()

@@ -1,0 +1,126 @@
+"""One generation interface for every role (filter, student rollouts, evaluation, teacher).
+
+``Generator.generate(prompts, params)`` returns, per prompt, ``params.n`` ``Sample``s. The ``hf``
+backend wraps ``transformers`` ``generate`` (batched, KV cache, left padding) around a live model,
+so a trainer samples from the weights it is updating without any copy or sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    """Samples per prompt."""
+    temperature: float = 1.0
+    """Sampling temperature; ignored when ``greedy``."""
+    max_tokens: int = 1024
+    """Most generated tokens."""
+    seed: int = 0
+    """Seed of this call; same seed, prompts and weights give the same samples on one machine."""
+    greedy: bool = False
+    """Argmax decoding (``n`` must be 1)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings (EOS always stops); the text is cut before the stop string."""
+    logprobs: bool = False
+    """Return the model's (temperature-1) log-prob of each generated token."""
+
+
+@dataclass
+class Sample:
+    text: str
+    """Decoded completion without special tokens, cut at a stop string."""
+    token_ids: list[int]
+    """Generated token ids, including a final EOS when the model emitted one."""
+    finish_reason: str
+    """``stop`` (EOS or a stop string) or ``length`` (hit ``max_tokens``)."""
+    logprobs: list[float] | None = field(default=None)
+    """Per-token log-probs of ``token_ids`` when requested."""
+
+
+class Generator(Protocol):
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]: ...
+
+
+class HFGenerator:
+    """Batched ``model.generate`` on a live (possibly peft-wrapped) model."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 256):
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
+        if params.greedy and params.n != 1:
+            raise ValueError("greedy decoding with n > 1 would return n identical samples")
+        flat = [p for p in prompts for _ in range(params.n)]
+        out: list[Sample] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            # fork_rng keeps the caller's global RNG untouched; the seed alone fixes the samples.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(params.seed)
+                for start in range(0, len(flat), self.batch_size):
+                    out.extend(self._generate_batch(flat[start:start + self.batch_size], params))
+        finally:
+            self.model.train(was_training)
+        return [out[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+    def _generate_batch(self, prompts: list[str], params: SamplingParams) -> list[Sample]:
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        sampling = {} if params.greedy else {"temperature": params.temperature, "top_k": 0, "top_p": 1.0}
+        res = self.model.generate(
+            input_ids=enc.input_ids,
+            attention_mask=enc.attention_mask,
+            do_sample=not params.greedy,
+            max_new_tokens=params.max_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            stop_strings=list(params.stop) or None,
+            tokenizer=tok if params.stop else None,
+            return_dict_in_generate=True,
+            output_logits=params.logprobs,
+            **sampling,
+        )
+        gen = res.sequences[:, enc.input_ids.shape[1]:]
+        token_lp = None
+        if params.logprobs:
+            logits = torch.stack(res.logits, dim=1).float()  # (batch, steps, vocab), raw logits
+            token_lp = torch.log_softmax(logits, -1).gather(-1, gen[:, : logits.shape[1], None]).squeeze(-1)
+        samples = []
+        for i in range(gen.shape[0]):
+            ids = gen[i].tolist()
+            finish = "length"
+            if tok.eos_token_id in ids:
+                ids = ids[: ids.index(tok.eos_token_id) + 1]
+                finish = "stop"
+            else:
+                ids = [t for t in ids if t != tok.pad_token_id] if tok.pad_token_id != tok.eos_token_id else ids
+            text = tok.decode(ids, skip_special_tokens=True)
+            for s in params.stop:
+                if s in text:
+                    text, finish = text[: text.index(s)], "stop"
+            if finish == "length" and len(ids) < params.max_tokens:
+                finish = "stop"  # a stop string ended it
+            lp = token_lp[i, : len(ids)].tolist() if token_lp is not None else None
+            samples.append(Sample(text=text, token_ids=ids, finish_reason=finish, logprobs=lp))
+        return samples
+
+
+def resolve_backend(name: str) -> str:
+    """``auto`` picks ``hf`` for now: the vLLM backend is not part of this release yet."""
+    if name in ("auto", "hf"):
+        return "hf"
+    raise NotImplementedError(f"backend {name!r} is not available in this version; use backend=hf")
+
+
+def make_generator(backend_cfg, model, tokenizer) -> Generator:
+    resolve_backend(backend_cfg.name)
+    return HFGenerator(model, tokenizer, batch_size=backend_cfg.batch_size)

@@ -1,0 +1,117 @@
+"""Model and tokenizer loading, plus the project's own character-level Llama (no download).
+
+    from soar.models import build_char_tokenizer, build_tiny_llama, load_policy
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+CHARS = "\n" + "".join(chr(c) for c in range(32, 127))  # newline + printable ASCII
+
+
+def build_char_tokenizer():
+    """A fast tokenizer with one token per character (printable ASCII + newline + 4 specials)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, UNK, *CHARS])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    # [\s\S] (not ".") so newlines in templates are single tokens too.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK
+    )
+    tok.padding_side = "left"  # generation pads on the left; training sets its own layout
+    return tok
+
+
+def build_tiny_llama(tokenizer, hidden: int = 128, layers: int = 4, heads: int = 4,
+                     intermediate: int | None = None, max_positions: int = 2048, seed: int = 0):
+    """A small randomly initialised ``LlamaForCausalLM`` sized for CPU experiments."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(model_cfg):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        model_cfg.path, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
+    )
+    if tok.pad_token is None:  # Llama-3 ships without a pad token
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(model_cfg):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_cfg.path,
+        revision=model_cfg.revision,
+        dtype=_DTYPES[model_cfg.dtype],
+        trust_remote_code=model_cfg.trust_remote_code,
+    )
+    model.generation_config.pad_token_id = model.config.pad_token_id
+    return model
+
+
+def model_context(model, model_cfg) -> int:
+    return int(model_cfg.max_context or model.config.max_position_embeddings)
+
+
+def check_context(tokenizer, prompts: list[str], max_tokens: int, context: int, where: str) -> int:
+    """Fail early if the longest prompt plus the generation budget exceeds the model context."""
+    from soar.config import ConfigError
+
+    longest = max((len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts), default=0)
+    if longest + max_tokens > context:
+        raise ConfigError(
+            f"config error: {where}: longest prompt ({longest} tokens) + max tokens ({max_tokens}) = "
+            f"{longest + max_tokens} exceeds the model context ({context}); shorten the template or "
+            f"lower {where}"
+        )
+    return longest
+
+
+def set_threads(threads: int) -> int:
+    """Set torch's intra-op threads (0 = all cores); returns the number used."""
+    n = threads or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    return n
+
+
+def model_fingerprint(model_cfg) -> str:
+    """Model id + revision for provenance (local folders: resolved path)."""
+    p = Path(model_cfg.path).expanduser()
+    ident = str(p.resolve()) if p.exists() else model_cfg.path
+    return f"{ident}@{model_cfg.revision or 'main'}"
+
+
+__all__ = ["build_char_tokenizer", "build_tiny_llama", "load_tokenizer", "load_model",
+           "check_context", "set_threads", "model_context", "model_fingerprint"]

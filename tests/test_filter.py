@@ -1,0 +1,106 @@
+"""soar-filter: bands, hard split, provenance, resume after SIGKILL, and the pure helpers."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import ARITH_DATA, run_cli, script, write_jsonl
+from filters.failk import band, prob_group_mixed, split_hard
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def filter_questions(tmp_path_factory):
+    """Easy 3-digit no-carry sums the tiny model often solves, and 4-digit sums it never saw."""
+    from soar.worlds.arith import generate_problems
+
+    easy = generate_problems(3, 0, 6, seed=11, prefix="easy")
+    hard = generate_problems(4, 2, 6, seed=12, prefix="hard")
+    return write_jsonl(tmp_path_factory.mktemp("filter") / "questions.jsonl", easy + hard)
+
+
+def filter_args(model, data, run_dir, k=16, extra=()):
+    return [script("soar-filter"), f"model={model}", f"data={data}", *ARITH_DATA, f"filter.k={k}",
+            "filter.max_tokens=24", "run.threads=1", "run.progress=false", f"run.dir={run_dir}", *extra]
+
+
+def manifest_rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "manifest.jsonl").read_text().splitlines()]
+
+
+def test_filter_builds_hard_set(tiny_model_dir, filter_questions, tmp_path):
+    import datasets
+
+    run_cli(filter_args(tiny_model_dir, filter_questions, tmp_path / "f"))
+    summary = json.loads((tmp_path / "f" / "summary.json").read_text())
+    assert summary["problems"] == 12 and sum(summary["bands"].values()) == 12
+    rows = {r["id"]: r for r in manifest_rows(tmp_path / "f")}
+    assert all(rows[f"hard/c2/{i}"]["passes"] == 0 for i in range(6))  # never seen 4-digit sums
+    assert sum(rows[f"easy/c0/{i}"]["passes"] for i in range(6)) > 0
+    assert all(len(r["outcomes"]) == 16 and r["passes"] == sum(r["outcomes"]) for r in rows.values())
+    assert {"model", "template_sha", "sampling", "seed", "k"} <= set(next(iter(rows.values())))
+    hard = summary["hard"]
+    assert hard == summary["bands"]["all_zero"] >= 6 and summary["hard_train"] + summary["hard_test"] == hard
+    ds = datasets.load_from_disk(str(tmp_path / "f" / "hard_set"))
+    assert len(ds["train"]) == summary["hard_train"] and len(ds["test"]) == summary["hard_test"]
+    train_ids = [json.loads(line)["id"] for line in (tmp_path / "f" / "hard_train.jsonl").read_text().splitlines()]
+    assert sorted(train_ids) == sorted(ds["train"]["id"])
+    assert json.loads(ds["train"][0]["provenance"])["k"] == 16
+    assert set(summary["mixed_prob_group_mixed"]) == {"8", "32"}
+
+
+def test_filter_resume_after_kill(tiny_model_dir, filter_questions, tmp_path):
+    extra = ["filter.problems_per_batch=1"]
+    run_cli(filter_args(tiny_model_dir, filter_questions, tmp_path / "ref", extra=extra))
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(filter_args(tiny_model_dir, filter_questions, killed, extra=extra),
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    manifest = killed / "manifest.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (manifest.exists() and len(manifest.read_text().splitlines()) >= 3):
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    n_before = len(manifest.read_text().splitlines())
+    assert 3 <= n_before < 12, n_before
+    with open(manifest, "a") as fh:  # simulate a row cut mid-write by the kill
+        fh.write('{"id": "easy/c0/')
+    run_cli(filter_args(tiny_model_dir, filter_questions, killed, extra=extra))
+    resumed, reference = manifest_rows(killed), manifest_rows(tmp_path / "ref")
+    assert len({r["id"] for r in resumed}) == len(resumed) == 12  # nothing redone twice, nothing lost
+    assert sorted(resumed, key=lambda r: r["id"]) == sorted(reference, key=lambda r: r["id"])
+    ids = lambda d: [json.loads(x)["id"] for x in (d / "hard_train.jsonl").read_text().splitlines()]  # noqa: E731
+    assert ids(killed) == ids(tmp_path / "ref")
+
+
+def test_filter_refuses_changed_settings_on_resume(tiny_model_dir, filter_questions, tmp_path):
+    run_cli(filter_args(tiny_model_dir, filter_questions, tmp_path / "f", k=4))
+    res = run_cli(filter_args(tiny_model_dir, filter_questions, tmp_path / "f", k=8), check=False)
+    assert res.returncode != 0 and "field 'k'" in res.stderr + res.stdout
+
+
+def test_filter_rejects_prompt_plus_budget_over_context(tiny_model_dir, filter_questions, tmp_path):
+    res = run_cli(filter_args(tiny_model_dir, filter_questions, tmp_path / "f", extra=["filter.max_tokens=5000"]),
+                  check=False)
+    assert res.returncode == 2 and "filter.max_tokens" in res.stderr and "model context (2048)" in res.stderr
+
+
+def test_bands_and_mixed_probability():
+    assert [band(0, 8), band(3, 8), band(8, 8)] == ["all_zero", "mixed", "all_one"]
+    assert prob_group_mixed(0.5, 2) == pytest.approx(0.5)
+    assert prob_group_mixed(0.1, 8) == pytest.approx(1 - 0.1 ** 8 - 0.9 ** 8)
+    assert prob_group_mixed(0.0, 32) == 0.0
+
+
+def test_split_is_deterministic_and_order_free():
+    ids = [f"p{i}" for i in range(101)]
+    train, test = split_hard(ids, 0.5, seed=3)
+    assert len(test) == 50 and len(train) == 51 and not set(train) & set(test)
+    assert split_hard(list(reversed(ids)), 0.5, seed=3) == (train, test)
+    assert split_hard(ids, 0.5, seed=4) != (train, test)

@@ -1,0 +1,80 @@
+"""soar-rl: a real learning test on the tiny model, and resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import ARITH_DATA, run_cli, script
+from soar.run import read_metrics
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def rl_args(model, data, run_dir, steps=8, extra=()):
+    return [script("soar-rl"), f"model={model}", f"data={data}", *ARITH_DATA, f"data.eval_path={data}",
+            f"student.max_steps={steps}", "student.questions_per_step=8", "student.group_size=8",
+            "student.max_tokens=24", "student.lr=1e-4", "run.threads=1", "run.progress=false",
+            f"run.dir={run_dir}", *extra]
+
+
+def strip_time(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def test_reward_rises_on_trained_questions(tiny_model_dir, rl_questions, tmp_path):
+    run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "run", steps=8))
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    before = rows[0]["eval/accuracy"]
+    after = rows[-1]["eval/accuracy"]
+    assert [r["step"] for r in rows] == list(range(0, 9))
+    assert after >= before + 0.2, (before, after)
+    rewards = [r["student/reward_mean"] for r in rows[1:]]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 - 5  # sampled reward does not collapse
+    final = tmp_path / "run" / "final"
+    assert (final / "config.json").exists() and (final / "tokenizer.json").exists()
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["stage"] == "rl" and "torch" in meta["versions"]
+    assert "group_size: 8" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def test_lora_trains_and_saves_adapter(tiny_model_dir, rl_questions, tmp_path):
+    run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "lora", steps=3,
+                    extra=["student.lora.r=4", "student.lr=3e-3"]))
+    rows = read_metrics(tmp_path / "lora" / "metrics.jsonl")
+    assert rows[-1]["student/kl"] > 0  # adapter moved away from the disabled-adapter reference
+    assert (tmp_path / "lora" / "final" / "adapter" / "adapter_config.json").exists()
+    assert (tmp_path / "lora" / "final" / "model.safetensors").exists()
+
+
+def test_resume_after_kill_matches_uninterrupted(tiny_model_dir, rl_questions, tmp_path):
+    steps, extra = 6, ["student.save_every=1"]
+    run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "ref", steps=steps, extra=extra))
+    reference = strip_time(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(rl_args(tiny_model_dir, rl_questions, killed, steps=steps, extra=extra), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (killed / "checkpoints" / "step_000003" / "DONE").exists():
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (killed / "checkpoints" / "step_000003" / "DONE").exists(), "run never reached step 3"
+    done_steps = [r["step"] for r in read_metrics(killed / "metrics.jsonl")]
+    assert max(done_steps) < steps, "killed too late to test resume"
+
+    res = run_cli(rl_args(tiny_model_dir, rl_questions, killed, steps=steps, extra=["run.resume=must", *extra]))
+    assert "resumed from" in res.stdout + res.stderr
+    assert strip_time(read_metrics(killed / "metrics.jsonl")) == reference
+
+
+def test_resume_never_refuses_existing_run(tiny_model_dir, rl_questions, tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
+    res = run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "r", extra=["run.resume=never"]), check=False)
+    assert res.returncode == 2 and "run.resume=never" in res.stderr
