@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from soar.data import Problem, write_jsonl
+from soar.data import Problem, render_prompt, write_jsonl
 from soar.generation import SamplingParams
 from soar.seeding import derive_seed
 
@@ -95,8 +95,6 @@ def run_filter(problems: list[Problem], generator, grader, cfg, out_dir: Path, p
                progress: bool = True) -> dict:
     """Sample k per problem, record outcomes, build the hard split. Returns the summary dict."""
     from tqdm.auto import tqdm
-
-    from students.trainer import render_prompt
 
     f = cfg.filter
     sampling = {"temperature": f.temperature, "max_tokens": f.max_tokens, "top_p": 1.0, "top_k": 0}
@@ -188,7 +186,6 @@ def run_filter_stage(cfg) -> dict:
     from soar.grading import make_grader
     from soar.models import check_context, load_model, load_tokenizer, model_context, model_fingerprint, set_threads
     from soar.run import RunDir
-    from students.trainer import render_prompt
 
     validate(cfg, "filter")
     set_threads(cfg.run.threads)

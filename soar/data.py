@@ -28,6 +28,12 @@ class Problem:
         return asdict(self)
 
 
+def render_prompt(template: str, question: str) -> str:
+    """Fill a prompt template's ``{question}`` slot."""
+    # str.replace, not str.format: the paper's template contains literal braces (\boxed{}).
+    return template.replace("{question}", question)
+
+
 class DataError(ValueError):
     """Bad input; the message names the file, row and field."""
 

@@ -19,16 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from soar.data import render_prompt
 from soar.generation import HFGenerator, SamplingParams
 from soar.seeding import derive_seed
 from students.rloo import pack_sequences, rloo_advantages, rloo_loss, token_logprobs
 
 log = logging.getLogger("soar.students")
-
-
-def render_prompt(template: str, question: str) -> str:
-    # str.replace, not str.format: the paper's template contains literal braces (\boxed{}).
-    return template.replace("{question}", question)
 
 
 def batch_indices(n_items: int, step: int, per_step: int, seed: int) -> list[int]:
@@ -211,6 +207,35 @@ class RLOOTrainer:
         self.tokenizer.save_pretrained(out_dir)
 
 
+@dataclass
+class StudentResult:
+    correct: dict[str, list[bool]]
+    """Greedy correctness per evaluation set after training."""
+    accuracy: dict[str, float]
+    """Mean of ``correct`` per evaluation set."""
+    history: list[dict]
+    """Per-step trainer metrics."""
+    trainer: "RLOOTrainer"
+    """The trained student (kept until the caller decides, e.g. promotion)."""
+
+
+def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_template: str, seed: int,
+                  eval_sets: dict | None = None) -> StudentResult:
+    """One inner loop: a copy of ``baseline`` trained ``max_steps`` RLOO steps on ``problems``
+    (fresh optimiser, KL to the baseline), then evaluated greedily on each of ``eval_sets``."""
+    import copy
+
+    model = copy.deepcopy(baseline)
+    ref = copy.deepcopy(baseline) if student_cfg.lora.r == 0 and student_cfg.kl_coef > 0 else None
+    trainer = RLOOTrainer(model, tokenizer, grader, student_cfg, prompt_template, seed, ref_model=ref)
+    history = []
+    for step in range(student_cfg.max_steps):
+        batch = [problems[i] for i in batch_indices(len(problems), step, student_cfg.questions_per_step, seed)]
+        history.append(trainer.step(batch).metrics)
+    correct = {name: trainer.evaluate(probs, student_cfg.eval_max_tokens) for name, probs in (eval_sets or {}).items()}
+    return StudentResult(correct, {k: float(np.mean(v)) for k, v in correct.items()}, history, trainer)
+
+
 def run_rl(cfg) -> dict:
     """The ``soar-rl`` stage: train one student on a question file, with resume and metrics."""
     from tqdm.auto import tqdm
@@ -242,7 +267,10 @@ def run_rl(cfg) -> dict:
             start = trainer.step_count
             log.info("resumed from %s (step %d)", run.resume_from, start)
         metrics_log = MetricsLogger(run, resume_step=start if run.resume_from is not None else None)
-        eval_metrics = lambda: {"eval/accuracy": float(np.mean(trainer.evaluate(eval_problems, s.eval_max_tokens)))}  # noqa: E731
+
+        def eval_metrics() -> dict:
+            return {"eval/accuracy": float(np.mean(trainer.evaluate(eval_problems, s.eval_max_tokens)))}
+
         if eval_problems and start == 0:
             metrics_log.log(0, eval_metrics())
         bar = tqdm(range(start, s.max_steps), desc="soar-rl", initial=start, total=s.max_steps,

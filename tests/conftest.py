@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ARITH_TEMPLATE = "Q: {question} A: "
-# Overrides every CLI test needs to point the student stage at the tiny arithmetic model.
-ARITH_DATA = ["data.grader=integer", f"data.prompt_template='{ARITH_TEMPLATE}'"]
+ARITH_TEMPLATE = "<question>{question}</question><answer>"  # the world's default student template
+
+
+def arith_data(path) -> list[str]:
+    """Overrides pointing a CLI stage at world questions (integer grader, the world's template)."""
+    return ["data=arith", f"data.path={path}"]
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +26,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from soar.worlds.arith import ArithWorldConfig, pretrain
 
     wcfg = ArithWorldConfig(digits=3, pretrain_carry_weights=[0.5, 0.3, 0.2], max_steps=400, eval_every=10,
-                            eval_per_carry=32, stop_acc={0: 0.6},
+                            eval_per_carry=32, stop_acc=[[0, 0.6]], stop_temperature=0.0,
                             out_dir=str(tmp_path_factory.mktemp("world") / "tiny"))
     return pretrain(wcfg, seed=0, progress=False)
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ARITH_DATA, run_cli, script, write_jsonl
+from conftest import arith_data, run_cli, script, write_jsonl
 from filters.failk import band, prob_group_mixed, split_hard
 
 pytestmark = pytest.mark.timeout(600)
@@ -25,7 +25,7 @@ def filter_questions(tmp_path_factory):
 
 
 def filter_args(model, data, run_dir, k=16, extra=()):
-    return [script("soar-filter"), f"model={model}", f"data={data}", *ARITH_DATA, f"filter.k={k}",
+    return [script("soar-filter"), f"model={model}", *arith_data(data), f"filter.k={k}",
             "filter.max_tokens=24", "run.threads=1", "run.progress=false", f"run.dir={run_dir}", *extra]
 
 

@@ -18,7 +18,9 @@ def gen(tiny_model_dir):
     return HFGenerator(load_model(mcfg), load_tokenizer(mcfg), batch_size=16)
 
 
-PROMPTS = ["Q: 120+310 A: ", "Q: 555+555 A: ", "Q: 9+1 A: "]
+from conftest import ARITH_TEMPLATE
+
+PROMPTS = [ARITH_TEMPLATE.replace("{question}", q) for q in ("120+310", "555+555", "900+100")]
 
 
 def test_n_samples_per_prompt_and_seed_determinism(gen):

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from conftest import ARITH_DATA, run_cli, script
+from conftest import arith_data, run_cli, script
 from soar.run import read_metrics
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def rl_args(model, data, run_dir, steps=8, extra=()):
-    return [script("soar-rl"), f"model={model}", f"data={data}", *ARITH_DATA, f"data.eval_path={data}",
+    return [script("soar-rl"), f"model={model}", *arith_data(data), f"data.eval_path={data}",
             f"student.max_steps={steps}", "student.questions_per_step=8", "student.group_size=8",
             "student.max_tokens=24", "student.lr=1e-4", "run.threads=1", "run.progress=false",
             f"run.dir={run_dir}", *extra]

@@ -21,27 +21,30 @@ from pathlib import Path
 
 import numpy as np
 
-from soar.data import Problem
+from soar.data import Problem, render_prompt
 from teachers.prompts import format_pair
 
 log = logging.getLogger("soar.world")
-STUDENT_TEMPLATE = "Q: {question} A: "
-TEACHER_PROMPT = "Write a new addition problem and its answer.\n"
 
 
 @dataclass
 class ArithWorldConfig:
-    digits: int = 10
+    digits: int = 12
     """Operand length in digits (zero-padded)."""
+    student_template: str = "<question>{question}</question><answer>"
+    """Student prompt (``data=arith`` reads it from here). It ends like the teacher's question, so
+    the answer sits at the same offsets in both roles and the base teacher can compute answers."""
+    teacher_prompt: str = "Write a new addition problem and its answer.\n"
+    """Teacher prompt; completions are ``<question>a+b</question><answer>\\boxed{sum}</answer>``."""
     pretrain_carry_weights: list[float] = field(default_factory=lambda: [0.7, 0.2, 0.1])
     """Pretraining mix over carry counts 0, 1, 2, ...; harder problems are never shown."""
     teacher_frac: float = 0.2
-    """Share of pretraining examples in the teacher format (``TEACHER_PROMPT`` ->
+    """Share of pretraining examples in the teacher format (``teacher_prompt`` ->
     ``<question>a+b</question><answer>\\boxed{sum}</answer>``), questions from the same carry mix,
     so the base model can act as an (untrained) teacher."""
-    hard_carries: list[int] = field(default_factory=lambda: [5, 6, 7])
+    hard_carries: list[int] = field(default_factory=lambda: [12])
     """Carry counts of the hard-set candidates (H), filtered with fail@k."""
-    stepping_carries: list[int] = field(default_factory=lambda: [2, 3])
+    stepping_carries: list[int] = field(default_factory=lambda: [4, 5])
     """Stepping-stone family (S): solved sometimes; training on it should move H."""
     control_carries: list[int] = field(default_factory=lambda: [0])
     """Control family (C): already solved; training on it should not move H."""
@@ -58,7 +61,11 @@ class ArithWorldConfig:
     max_positions: int = 2048
     """Model context (positions); sized for the longest template plus generation budgets."""
     lr: float = 1e-3
-    """Pretraining AdamW learning rate."""
+    """Pretraining AdamW peak learning rate."""
+    warmup_steps: int = 30
+    """Linear learning-rate warm-up (without it, lr 1e-3 spikes and collapses the model)."""
+    grad_clip: float = 1.0
+    """Gradient-norm clipping for pretraining stability."""
     batch_size: int = 128
     """Pretraining sequences per step."""
     max_steps: int = 600
@@ -67,9 +74,15 @@ class ArithWorldConfig:
     """Greedy evaluation period (steps) for the stopping rule."""
     eval_per_carry: int = 64
     """Problems per carry count in each evaluation."""
-    stop_acc: dict = field(default_factory=lambda: {0: 0.95, 2: 0.4})
-    """Stop at the first evaluation where greedy accuracy at each listed carry count reaches its
-    threshold ("stopped at the frontier": trained longer, the model generalises every carry count)."""
+    stop_acc: list = field(default_factory=lambda: [[0, 0.9]])
+    """``[[carries, threshold], ...]``: stop at the first evaluation where accuracy at each listed
+    carry count reaches its threshold ("stopped at the frontier": trained much longer, the model
+    generalises every carry count). A list, so an override replaces it instead of merging."""
+    stop_temperature: float = 1.0
+    """Temperature of the stopping rule's accuracy (0: greedy; 1.0: the students' sampling
+    temperature, mean over ``stop_samples`` samples)."""
+    stop_samples: int = 4
+    """Samples per problem when ``stop_temperature`` > 0."""
     threads: int = 0
     """torch threads for pretraining (0: all cores)."""
     out_dir: str | None = None
@@ -131,15 +144,20 @@ def world_dir(wcfg: ArithWorldConfig, seed: int) -> Path:
     return Path("~/.cache/soar/worlds").expanduser() / f"arith-{world_hash(wcfg, seed)}"
 
 
-def greedy_accuracy(model, tokenizer, problems: list[Problem]) -> float:
+def accuracy(model, tokenizer, problems: list[Problem], template: str, temperature: float = 0.0,
+             samples: int = 1, seed: int = 0) -> float:
+    """Student accuracy on ``problems``: greedy (``temperature`` 0) or mean over sampled answers."""
     from soar.generation import HFGenerator, SamplingParams
     from soar.grading import make_grader
 
-    outs = HFGenerator(model, tokenizer).generate(
-        [STUDENT_TEMPLATE.replace("{question}", p.question) for p in problems],
-        SamplingParams(greedy=True, max_tokens=len(problems[0].answer) + 10))
-    grades = make_grader("integer").grade_batch([o[0].text for o in outs], [p.answer for p in problems])
-    return float(np.mean([g.correct for g in grades]))
+    greedy = temperature == 0
+    params = SamplingParams(n=1 if greedy else samples, greedy=greedy, temperature=temperature or 1.0,
+                            max_tokens=len(problems[0].answer) + 10, seed=seed)
+    outs = HFGenerator(model, tokenizer, batch_size=1024).generate(
+        [render_prompt(template, p.question) for p in problems], params)
+    texts = [s.text for o in outs for s in o]
+    golds = [p.answer for p, o in zip(problems, outs) for _ in o]
+    return float(np.mean([g.correct for g in make_grader("integer").grade_batch(texts, golds)]))
 
 
 def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
@@ -157,11 +175,12 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden=wcfg.hidden, layers=wcfg.layers, heads=wcfg.heads,
                              intermediate=2 * wcfg.hidden, max_positions=wcfg.max_positions, seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=wcfg.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=wcfg.lr, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(wcfg.warmup_steps, 1)))
     rng = np.random.default_rng(seed)
     weights = np.array(wcfg.pretrain_carry_weights) / np.sum(wcfg.pretrain_carry_weights)
-    eval_sets = {c: generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 1, "eval")
-                 for c in range(wcfg.digits + 1) if c in {int(k) for k in wcfg.stop_acc}}
+    stop_acc = {int(c): float(thr) for c, thr in wcfg.stop_acc}
+    eval_sets = {c: generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 1, "eval") for c in stop_acc}
     t0, history, stopped_at = time.perf_counter(), [], None
     bar = tqdm(range(1, wcfg.max_steps + 1), desc="pretrain", disable=not progress)
     for step in bar:
@@ -172,9 +191,9 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
         for c, teacher in zip(carries, as_teacher):
             p = make_problem(*sample_pair(rng, wcfg.digits, int(c)), wcfg.digits, "train")
             if teacher:
-                prompt, completion = TEACHER_PROMPT, format_pair(p.question, p.answer)
+                prompt, completion = wcfg.teacher_prompt, format_pair(p.question, p.answer)
             else:
-                prompt, completion = STUDENT_TEMPLATE.replace("{question}", p.question), completion_text(p.answer)
+                prompt, completion = render_prompt(wcfg.student_template, p.question), completion_text(p.answer)
             prompt_lens.append(len(prompt))  # one token per character
             texts.append(prompt + completion)
         ids = [tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id] for t in texts]
@@ -187,29 +206,36 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
         loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=labels).loss
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), wcfg.grad_clip)
         opt.step()
+        sched.step()
         if step % wcfg.eval_every == 0:
-            accs = {c: greedy_accuracy(model, tok, probs) for c, probs in eval_sets.items()}
+            accs = {c: accuracy(model, tok, probs, wcfg.student_template, wcfg.stop_temperature, wcfg.stop_samples, seed=step)
+                    for c, probs in eval_sets.items()}
             history.append({"step": step, "loss": loss.item(), **{f"acc_c{c}": a for c, a in accs.items()}})
             bar.set_postfix(loss=f"{loss.item():.3f}", **{f"c{c}": f"{a:.2f}" for c, a in accs.items()})
-            if all(accs[int(c)] >= thr for c, thr in wcfg.stop_acc.items()):
+            if all(accs[c] >= thr for c, thr in stop_acc.items()):
                 stopped_at = step
                 break
-    profile = {f"c{c}": greedy_accuracy(model, tok, generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 2, "profile"))
-               for c in range(min(wcfg.digits, 8) + 1)}
+    profile = {}
+    for c in range(min(wcfg.digits, 8) + 1):
+        probs = generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 2, "profile")
+        profile[f"c{c}"] = {"greedy": accuracy(model, tok, probs, wcfg.student_template),
+                            "T1": accuracy(model, tok, probs, wcfg.student_template, 1.0, wcfg.stop_samples, seed=seed)}
     tmp = out.with_name(out.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     info = {"seed": seed, "config": asdict(wcfg), "steps": stopped_at or wcfg.max_steps, "stopped_at_frontier": stopped_at is not None,
             "seconds": time.perf_counter() - t0, "parameters": sum(p.numel() for p in model.parameters()),
-            "history": history, "greedy_accuracy_by_carries": profile, "template": STUDENT_TEMPLATE}
+            "history": history, "accuracy_by_carries": profile}
     (tmp / "train_info.json").write_text(json.dumps(info, indent=2, default=str))
     (tmp / "README.md").write_text(
         f"# soar arithmetic world model\n\nCharacter-level Llama ({info['parameters']} parameters) pretrained by "
         f"`soar-world pretrain` on {wcfg.digits}-digit least-significant-first addition with carry mix "
-        f"{wcfg.pretrain_carry_weights}, seed {seed}, {info['steps']} steps.\n\nGreedy accuracy by carry count: "
-        f"{json.dumps(profile)}\n\nPrompt: `{STUDENT_TEMPLATE}` + question; answer in `\\boxed{{}}`.\n")
+        f"{wcfg.pretrain_carry_weights}, seed {seed}, {info['steps']} steps.\n\nAccuracy by carry count (greedy and sampled at T=1): "
+        f"{json.dumps(profile)}\n\nStudent prompt: `{wcfg.student_template}`; answer in `\\boxed{{}}`. Teacher "
+        f"prompt: `{wcfg.teacher_prompt.strip()}`.\n")
     if out.exists():
         import shutil
 

@@ -1,0 +1,229 @@
+"""Measure the embedded world's learnability frontier (the criteria of the world's design) and write
+``frontier.json``. A long run (tens of minutes on 2 cores), not CI.
+
+    python scripts/frontier.py --out runs/frontier
+    python scripts/frontier.py --out runs/frontier_b --overrides world.pretrain_carry_weights=[0.6,0.25,0.15]
+
+Measures: base greedy accuracy by carry count; fail@k counts on the hard pool; inner-loop gains on
+hard train/test for the stepping-stone (S), control (C) and Hard-Only (H) families (mean ± s.e.
+over students); the untrained teacher's validity, answer correctness and S-fraction; the
+correlation between a teacher dataset's S-fraction and its grounded reward (bootstrap CI); and τ,
+the 95th percentile of the 3-step moving average of the mean reward with a never-updated teacher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+_WORKER: dict = {}
+
+
+def _init_worker(model_dir: str, overrides: list[str]) -> None:
+    import torch
+
+    import soar
+    from soar.grading import make_grader
+    from soar.models import load_model, load_tokenizer
+
+    torch.set_num_threads(1)
+    cfg = soar.compose(overrides)
+    mcfg = type("M", (), {"path": model_dir, "revision": None, "dtype": "float32", "trust_remote_code": False})
+    _WORKER.update(cfg=cfg, model=load_model(mcfg), tok=load_tokenizer(mcfg), grader=make_grader(cfg.data.grader))
+
+
+def _student(task):
+    """(label, seed, problems, eval_sets) -> (label, seed, accuracy, correct vectors, seconds)."""
+    from students.trainer import train_student
+
+    label, seed, problems, eval_sets = task
+    w, t0 = _WORKER, time.perf_counter()
+    res = train_student(w["model"], w["tok"], w["grader"], problems, w["cfg"].student, w["cfg"].data.prompt_template,
+                        seed, eval_sets)
+    return label, seed, res.accuracy, res.correct, time.perf_counter() - t0
+
+
+def mean_se(xs) -> dict:
+    xs = np.asarray(xs, dtype=float)
+    return {"mean": float(xs.mean()), "se": float(xs.std(ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None,
+            "n": int(len(xs)), "values": [float(x) for x in xs]}
+
+
+def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) -> list[dict]:
+    from soar.generation import HFGenerator, SamplingParams
+    from soar.worlds.arith import carries_of, lsb
+    from teachers.parse import Pair, parse_pair
+
+    outs = HFGenerator(model, tok, batch_size=512).generate(
+        [wcfg.teacher_prompt], SamplingParams(n=count, temperature=1.0, max_tokens=max_tokens, seed=seed))[0]
+    rows, d = [], wcfg.digits
+    pattern = re.compile(rf"^(\d{{{d}}})\+(\d{{{d}}})$")
+    for s in outs:
+        parsed = parse_pair(s.text, answer_ok=lambda a: re.fullmatch(r"-?\d+", a) is not None)
+        row = {"text": s.text, "valid": isinstance(parsed, Pair), "reason": None if isinstance(parsed, Pair) else parsed.reason}
+        if isinstance(parsed, Pair):
+            row.update(question=parsed.question, answer=parsed.answer)
+            m = pattern.match(parsed.question)
+            if m:
+                a, b = int(m.group(1)[::-1]), int(m.group(2)[::-1])
+                row.update(well_formed=True, carries=carries_of(a, b, d), answer_correct=parsed.answer == lsb(a + b, d + 1))
+            else:
+                row.update(well_formed=False, carries=None, answer_correct=False)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/frontier")
+    ap.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides (world.*, student.*, seed)")
+    ap.add_argument("--students", type=int, default=4, help="students per family (S, C, Hard-Only)")
+    ap.add_argument("--datasets", type=int, default=50, help="untrained-teacher datasets for the reward signal")
+    ap.add_argument("--n", type=int, default=32, help="questions per teacher dataset")
+    ap.add_argument("--qr", type=int, default=64, help="reward questions M drawn from hard train")
+    ap.add_argument("--g", type=int, default=4, help="datasets per outer step (for tau)")
+    ap.add_argument("--k", type=int, default=128, help="fail@k samples")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--skip-signal", action="store_true", help="only the S / C / Hard-Only gains (no teacher datasets)")
+    args = ap.parse_args()
+
+    import soar
+    from filters.failk import run_filter
+    from soar.data import load_problems
+    from soar.generation import HFGenerator, SamplingParams
+    from soar.grading import make_grader
+    from soar.models import load_model, load_tokenizer, set_threads
+    from soar.worlds.arith import family_problems, pretrain, world_config, write_families
+
+    overrides = ["data=arith", "data.path=unused", "student=arith", *args.overrides]
+    cfg = soar.compose(overrides + [f"filter.k={args.k}", "filter.max_tokens=24", "filter.problems_per_batch=4"])
+    wcfg = world_config(cfg)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"overrides": overrides, "args": vars(args)}
+    t0 = time.perf_counter()
+    set_threads(0)
+    model_dir = pretrain(wcfg, cfg.seed)
+    info = json.loads((model_dir / "train_info.json").read_text())
+    report["pretrain"] = {k: info[k] for k in ("steps", "stopped_at_frontier", "seconds", "parameters")}
+    mcfg = type("M", (), {"path": str(model_dir), "revision": None, "dtype": "float32", "trust_remote_code": False})
+    model, tok = load_model(mcfg), load_tokenizer(mcfg)
+    grader = make_grader("integer")
+    gen = HFGenerator(model, tok, batch_size=512)
+
+    def greedy(problems):
+        outs = gen.generate([cfg.data.prompt_template.replace("{question}", p.question) for p in problems],
+                            SamplingParams(greedy=True, max_tokens=24))
+        return [g.correct for g in grader.grade_batch([o[0].text for o in outs], [p.answer for p in problems])]
+
+    # 1. base accuracy by difficulty
+    profile = {}
+    for c in range(wcfg.digits + 1):
+        profile[c] = float(np.mean(greedy(family_problems(wcfg, [c], 128, cfg.seed + 99, "profile"))))
+    report["base_greedy_by_carries"] = profile
+    print("base greedy accuracy by carries:", profile, flush=True)
+
+    # 2. fail@k on the hard pool
+    paths = write_families(wcfg, cfg.seed, out / "problems")
+    pool = load_problems(cfg.data, str(paths["pool"]))
+    summary = run_filter(pool, gen, grader, cfg, out, {"model": str(model_dir)})
+    report["fail_at_k"] = {k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test", "throughput_this_session")}
+    print("fail@k:", report["fail_at_k"], flush=True)
+    hard_train = load_problems(cfg.data, str(out / "hard_train.jsonl"))
+    hard_test = load_problems(cfg.data, str(out / "hard_test.jsonl"))
+    stepping = load_problems(cfg.data, str(paths["stepping"]))
+    control = load_problems(cfg.data, str(paths["control"]))
+    hard_ids = {p.id for p in hard_train + hard_test}
+    hard_q = {p.question for p in hard_train + hard_test}
+    report["disjoint"] = not ({p.id for p in stepping + control} & hard_ids) and not ({p.question for p in stepping + control} & hard_q)
+    base_train, base_test = greedy(hard_train), greedy(hard_test)
+    report["base_hard_acc"] = {"train": float(np.mean(base_train)), "test": float(np.mean(base_test))}
+
+    # 3. teacher behaviour of the base model
+    samples = teacher_samples(model, tok, wcfg, 1024, cfg.seed + 7, max_tokens=96)
+    valid = [s for s in samples if s["valid"]]
+    wf = [s for s in valid if s.get("well_formed")]
+    s_like = [s for s in wf if s["carries"] in wcfg.stepping_carries]
+    reasons = {}
+    for s in samples:
+        if s["reason"]:
+            reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+    report["base_teacher"] = {
+        "samples": len(samples), "valid_frac": len(valid) / len(samples),
+        "well_formed_frac_of_valid": len(wf) / max(len(valid), 1),
+        "answer_correct_frac_of_valid": float(np.mean([s["answer_correct"] for s in valid])) if valid else 0.0,
+        "s_like_frac_of_valid": len(s_like) / max(len(valid), 1),
+        "carries_hist": {str(c): sum(1 for s in wf if s["carries"] == c) for c in range(wcfg.digits + 1)},
+        "reject_reasons": reasons}
+    print("base teacher:", report["base_teacher"], flush=True)
+
+    # 4. inner-loop gains (S, C, Hard-Only) and 5. reward signal from untrained-teacher datasets
+    from soar.data import Problem
+
+    eval_sets = {"hard_train": hard_train, "hard_test": hard_test}
+    tasks = [(fam, 1000 + j, probs, eval_sets) for fam, probs in (("S", stepping), ("C", control), ("H", hard_train))
+             for j in range(args.students)]
+    pairs = [s for s in valid][: args.datasets * args.n]
+    n_sets = 0 if args.skip_signal else len(pairs) // args.n
+    datasets = []
+    for i in range(n_sets):
+        chunk = pairs[i * args.n:(i + 1) * args.n]
+        probs = [Problem(f"t{i}/{j}", s["question"], s["answer"], "teacher") for j, s in enumerate(chunk)]
+        s_frac = float(np.mean([s.get("carries") in wcfg.stepping_carries for s in chunk]))
+        datasets.append({"s_frac": s_frac, "answer_correct_frac": float(np.mean([s["answer_correct"] for s in chunk]))})
+        tasks.append((f"D{i}", 2000 + i, probs, {"hard_train": hard_train}))
+    ctx = mp.get_context("spawn")
+    results = []
+    with ctx.Pool(args.workers, initializer=_init_worker, initargs=(str(model_dir), overrides)) as pool_:
+        for r in pool_.imap_unordered(_student, tasks):
+            results.append(r)
+            print(f"  student {r[0]} seed {r[1]}: {r[2]} ({r[4]:.1f}s)", flush=True)
+    report["student_seconds_mean"] = float(np.mean([r[4] for r in results]))
+    report["inner_loop_gains"] = {fam: {split: mean_se([r[2][split] - report["base_hard_acc"][split.split("_")[1]]
+                                                        for r in results if r[0] == fam])
+                                        for split in ("hard_train", "hard_test")} for fam in ("S", "C", "H")}
+    (out / "frontier.json").write_text(json.dumps(report, indent=2, default=str))  # partial results survive a kill
+    print("inner-loop gains:", {f: {s: (v["mean"], v["se"]) for s, v in d.items()} for f, d in report["inner_loop_gains"].items()}, flush=True)
+
+    rng = np.random.default_rng(cfg.seed + 11)
+    rewards = []
+    for i, d in enumerate(datasets):
+        r = next(r for r in results if r[0] == f"D{i}")
+        qr = rng.choice(len(hard_train), size=min(args.qr, len(hard_train)), replace=False)
+        correct = np.asarray(r[3]["hard_train"], dtype=float)
+        d["reward"] = float(correct[qr].mean() - np.asarray(base_train, dtype=float)[qr].mean())
+        rewards.append(d["reward"])
+    if len(datasets) >= 3:
+        sf = np.array([d["s_frac"] for d in datasets])
+        rw = np.array(rewards)
+        corr = float(np.corrcoef(sf, rw)[0, 1]) if sf.std() > 0 and rw.std() > 0 else float("nan")
+        boots = []
+        for _ in range(2000):
+            idx = rng.integers(0, len(sf), len(sf))
+            if sf[idx].std() > 0 and rw[idx].std() > 0:
+                boots.append(np.corrcoef(sf[idx], rw[idx])[0, 1])
+        ci = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if boots else None
+        # tau: steps of g datasets from a never-updated teacher; 3-step moving average of the mean reward
+        mas = []
+        for _ in range(5000):
+            steps = [rng.choice(rw, size=args.g, replace=False).mean() for _ in range(3)]
+            mas.append(np.mean(steps))
+        report["reward_signal"] = {"datasets": len(datasets), "correlation_sfrac_reward": corr, "bootstrap_ci95": ci,
+                                   "reward_mean": float(rw.mean()), "reward_sd": float(rw.std(ddof=1)),
+                                   "tau_p95_ma3": float(np.percentile(mas, 95)), "per_dataset": datasets}
+        print("reward signal:", {k: v for k, v in report["reward_signal"].items() if k != "per_dataset"}, flush=True)
+    report["seconds"] = time.perf_counter() - t0
+    (out / "frontier.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {out / 'frontier.json'} in {report['seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    main()

@@ -1,0 +1,71 @@
+"""The arithmetic world: the carry sampler, problem families, teacher format, deterministic pretraining."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from conftest import run_cli, script
+from soar.worlds.arith import (ArithWorldConfig, carries_of, family_problems, lsb, make_problem, pretrain,
+                               sample_pair, world_hash)
+from teachers import Pair, format_pair, parse_pair
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.parametrize("digits", [3, 10])
+def test_sampler_hits_every_carry_count(digits):
+    rng = np.random.default_rng(0)
+    for k in range(digits + 1):
+        for _ in range(20):
+            a, b = sample_pair(rng, digits, k)
+            assert a < 10 ** digits and b < 10 ** digits and carries_of(a, b, digits) == k
+
+
+def test_problem_format_is_least_significant_digit_first():
+    p = make_problem(123, 989, 3, "x")
+    assert p.question == "321+989" and p.answer == "2111" and p.meta["carries"] == 3  # 123+989=1112
+    assert lsb(1112, 4) == "2111"
+
+
+def test_families_are_disjoint_and_graded():
+    wcfg = ArithWorldConfig()
+    pool = family_problems(wcfg, wcfg.hard_carries, 300, 0, "pool")
+    stepping = family_problems(wcfg, wcfg.stepping_carries, 256, 0, "stepping")
+    control = family_problems(wcfg, wcfg.control_carries, 256, 0, "control")
+    assert {p.meta["carries"] for p in pool} == set(wcfg.hard_carries)
+    assert {p.meta["carries"] for p in stepping} == set(wcfg.stepping_carries)
+    questions = [{p.question for p in fam} for fam in (pool, stepping, control)]
+    assert not (questions[0] & questions[1]) and not (questions[0] & questions[2])
+    assert len({p.id for p in pool + stepping + control}) == 812
+
+
+def test_teacher_format_round_trips():
+    p = make_problem(5, 7, 3, "x")
+    assert parse_pair(format_pair(p.question, p.answer)) == Pair(p.question, p.answer)
+
+
+def test_pretraining_is_deterministic_and_cached(tmp_path):
+    wcfg = dict(digits=2, hidden=32, layers=1, heads=2, max_steps=6, eval_every=3, eval_per_carry=4,
+                batch_size=16, stop_acc=[[0, 2.0]])
+    a = pretrain(ArithWorldConfig(**wcfg, out_dir=str(tmp_path / "a")), seed=1, progress=False)
+    b = pretrain(ArithWorldConfig(**wcfg, out_dir=str(tmp_path / "b")), seed=1, progress=False)
+    digest = lambda d: hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
+    assert digest(a) == digest(b)
+    info = json.loads((a / "train_info.json").read_text())
+    assert info["seed"] == 1 and info["steps"] == 6 and "c0" in info["accuracy_by_carries"]
+    assert (a / "README.md").exists() and (a / "tokenizer.json").exists()
+    mtime = (a / "model.safetensors").stat().st_mtime
+    assert pretrain(ArithWorldConfig(**wcfg, out_dir=str(tmp_path / "a")), seed=1, progress=False) == a
+    assert (a / "model.safetensors").stat().st_mtime == mtime  # cached, not rebuilt
+    assert world_hash(ArithWorldConfig(**wcfg), 1) != world_hash(ArithWorldConfig(**wcfg), 2)
+
+
+def test_world_problems_cli(tmp_path):
+    res = run_cli([script("soar-world"), "problems", f"run.dir={tmp_path}", "world.pool_size=30", "world.family_size=8"])
+    paths = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(paths) == {"pool", "stepping", "control"}
+    assert len((tmp_path / "pool.jsonl").read_text().splitlines()) == 30
+    bad = run_cli([script("soar-world"), "train"], check=False)
+    assert bad.returncode == 2 and "usage" in bad.stderr
