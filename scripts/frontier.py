@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=128, help="fail@k samples")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-signal", action="store_true", help="only the S / C / Hard-Only gains (no teacher datasets)")
+    ap.add_argument("--families", default="S,C,H", help="comma list of S, C, H to train ('' for none)")
     args = ap.parse_args()
 
     import soar
@@ -168,8 +169,9 @@ def main() -> None:
     from soar.data import Problem
 
     eval_sets = {"hard_train": hard_train, "hard_test": hard_test}
+    families = [f for f in args.families.split(",") if f]
     tasks = [(fam, 1000 + j, probs, eval_sets) for fam, probs in (("S", stepping), ("C", control), ("H", hard_train))
-             for j in range(args.students)]
+             if fam in families for j in range(args.students)]
     pairs = [s for s in valid][: args.datasets * args.n]
     n_sets = 0 if args.skip_signal else len(pairs) // args.n
     datasets = []
@@ -188,7 +190,7 @@ def main() -> None:
     report["student_seconds_mean"] = float(np.mean([r[4] for r in results]))
     report["inner_loop_gains"] = {fam: {split: mean_se([r[2][split] - report["base_hard_acc"][split.split("_")[1]]
                                                         for r in results if r[0] == fam])
-                                        for split in ("hard_train", "hard_test")} for fam in ("S", "C", "H")}
+                                        for split in ("hard_train", "hard_test")} for fam in families}
     (out / "frontier.json").write_text(json.dumps(report, indent=2, default=str))  # partial results survive a kill
     print("inner-loop gains:", {f: {s: (v["mean"], v["se"]) for s, v in d.items()} for f, d in report["inner_loop_gains"].items()}, flush=True)
 
