@@ -148,7 +148,8 @@ def main() -> None:
     report["base_hard_acc"] = {"train": float(np.mean(base_train)), "test": float(np.mean(base_test))}
 
     # 3. teacher behaviour of the base model
-    samples = teacher_samples(model, tok, wcfg, 1024, cfg.seed + 7, max_tokens=96)
+    # Enough teacher samples for --datasets x --n valid pairs even at a 50 % valid rate.
+    samples = teacher_samples(model, tok, wcfg, max(1024, 2 * args.datasets * args.n), cfg.seed + 7, max_tokens=96)
     valid = [s for s in samples if s["valid"]]
     wf = [s for s in valid if s.get("well_formed")]
     s_like = [s for s in wf if s["carries"] in wcfg.stepping_carries]

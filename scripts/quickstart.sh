@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The embedded default end to end, on CPU (about 5 minutes on 2 cores):
+# The embedded default end to end, on CPU (about 10 minutes on 2 cores; 4 with a cached world model):
 #   1. pretrain the arithmetic world's character-level Llama (cached in ~/.cache/soar/worlds/)
 #   2. write the world's hard-set pool and its stepping-stone / control families
 #   3. fail@128 on the pool -> the hard set (train/test)
