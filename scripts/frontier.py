@@ -97,7 +97,7 @@ def main() -> None:
 
     import soar
     from filters.failk import run_filter
-    from soar.data import load_problems
+    from soar.data import load_problems, render_prompt
     from soar.generation import HFGenerator, SamplingParams
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer, set_threads
@@ -120,7 +120,7 @@ def main() -> None:
     gen = HFGenerator(model, tok, batch_size=512)
 
     def greedy(problems):
-        outs = gen.generate([cfg.data.prompt_template.replace("{question}", p.question) for p in problems],
+        outs = gen.generate([render_prompt(cfg.data.prompt_template, p.question) for p in problems],
                             SamplingParams(greedy=True, max_tokens=24))
         return [g.correct for g in grader.grade_batch([o[0].text for o in outs], [p.answer for p in problems])]
 
@@ -173,7 +173,7 @@ def main() -> None:
     families = [f for f in args.families.split(",") if f]
     tasks = [(fam, 1000 + j, probs, eval_sets) for fam, probs in (("S", stepping), ("C", control), ("H", hard_train))
              if fam in families for j in range(args.students)]
-    pairs = [s for s in valid][: args.datasets * args.n]
+    pairs = valid[: args.datasets * args.n]
     n_sets = 0 if args.skip_signal else len(pairs) // args.n
     datasets = []
     for i in range(n_sets):

@@ -71,7 +71,7 @@ class ArithWorldConfig:
     max_steps: int = 600
     """Upper bound on pretraining steps."""
     eval_every: int = 25
-    """Greedy evaluation period (steps) for the stopping rule."""
+    """Evaluation period (steps) for the stopping rule."""
     eval_per_carry: int = 64
     """Problems per carry count in each evaluation."""
     stop_acc: list = field(default_factory=lambda: [[0, 0.9]])
