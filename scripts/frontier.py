@@ -111,7 +111,7 @@ def main() -> None:
     report: dict = {"overrides": overrides, "args": vars(args)}
     t0 = time.perf_counter()
     set_threads(0)
-    model_dir = pretrain(wcfg, cfg.seed)
+    model_dir = pretrain(wcfg, wcfg.seed)
     info = json.loads((model_dir / "train_info.json").read_text())
     report["pretrain"] = {k: info[k] for k in ("steps", "stopped_at_frontier", "seconds", "parameters")}
     mcfg = type("M", (), {"path": str(model_dir), "revision": None, "dtype": "float32", "trust_remote_code": False})
@@ -132,7 +132,7 @@ def main() -> None:
     print("base greedy accuracy by carries:", profile, flush=True)
 
     # 2. fail@k on the hard pool
-    paths = write_families(wcfg, cfg.seed, out / "problems")
+    paths = write_families(wcfg, wcfg.seed, out / "problems")
     pool = load_problems(cfg.data, str(paths["pool"]))
     summary = run_filter(pool, gen, grader, cfg, out, {"model": str(model_dir)})
     report["fail_at_k"] = {k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test", "throughput_this_session")}

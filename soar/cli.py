@@ -3,6 +3,7 @@
     soar-filter model=out/world data=problems.jsonl filter.k=128 run.name=hard
     soar-rl model=out/world data=runs/hard/hard_train.jsonl student.max_steps=20 run.name=rl
     soar-world pretrain
+    soar-train                                  # experiment=arith: the embedded world end to end
 
 ``model=PATH`` and ``data=PATH`` are shorthands for ``model.path=PATH`` and
 ``data=custom data.path=PATH`` when PATH is not the name of a config in ``conf/``.
@@ -31,6 +32,7 @@ def _entry(stage_fn) -> None:
     import hydra
 
     from soar.data import DataError
+    from soar.loop import LoopError
 
     register_configs()
     sys.argv = [sys.argv[0], *rewrite_shortcuts(sys.argv[1:])]
@@ -39,7 +41,7 @@ def _entry(stage_fn) -> None:
     def _run(cfg) -> None:
         try:
             stage_fn(cfg)
-        except (ConfigError, DataError) as exc:
+        except (ConfigError, DataError, LoopError) as exc:
             print(f"soar: {exc}", file=sys.stderr)
             sys.exit(2)
 
@@ -56,6 +58,15 @@ def filter_main() -> None:
     from filters.failk import run_filter_stage
 
     _entry(run_filter_stage)
+
+
+def train_main() -> None:
+    """``soar-train``: without ``experiment=...`` it runs the embedded world (``experiment=arith``)."""
+    from soar.loop import run_train
+
+    if not any(a.split("=")[0].lstrip("+~") == "experiment" for a in sys.argv[1:]):
+        sys.argv.insert(1, "experiment=arith")
+    _entry(run_train)
 
 
 def world_main() -> None:

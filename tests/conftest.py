@@ -21,14 +21,14 @@ def arith_data(path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """A 3-digit carry-count world model stopped early (greedy ~0.75 / 0.5 / 0.4 / 0.2 at 0-3
-    carries): RL has signal on 1-2 carry problems, and 4-digit problems are out of its reach."""
-    from soar.worlds.arith import ArithWorldConfig, pretrain
+    """The ``experiment=arith_micro`` world model, built once per test session: 3 digits, stopped
+    early (greedy ~0.75 / 0.5 / 0.4 / 0.2 at 0-3 carries), so RL has signal on 1-2 carry problems."""
+    import soar
+    from soar.worlds.arith import pretrain, world_config
 
-    wcfg = ArithWorldConfig(digits=3, pretrain_carry_weights=[0.5, 0.3, 0.2], max_steps=400, eval_every=10,
-                            eval_per_carry=32, stop_acc=[[0, 0.6]], stop_temperature=0.0,
-                            out_dir=str(tmp_path_factory.mktemp("world") / "tiny"))
-    return pretrain(wcfg, seed=0, progress=False)
+    wcfg = world_config(soar.compose(["experiment=arith_micro"]))
+    wcfg.out_dir = str(tmp_path_factory.mktemp("world") / "tiny")
+    return pretrain(wcfg, wcfg.seed, progress=False)
 
 
 def write_jsonl(path: Path, problems) -> Path:

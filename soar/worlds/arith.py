@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +30,9 @@ log = logging.getLogger("soar.world")
 
 @dataclass
 class ArithWorldConfig:
+    seed: int = 0
+    """World seed (model init, pretraining data, problem files); separate from the run seed so
+    runs with different seeds share one world model and hard-set pool."""
     digits: int = 12
     """Operand length in digits (zero-padded)."""
     student_template: str = "<question>{question}</question><answer>"
@@ -42,6 +46,12 @@ class ArithWorldConfig:
     """Share of pretraining examples in the teacher format (``teacher_prompt`` ->
     ``<question>a+b</question><answer>\\boxed{sum}</answer>``), questions from the same carry mix,
     so the base model can act as an (untrained) teacher."""
+    teacher_carry_weights: list[float] | None = None
+    """Carry mix of the teacher-format questions (None: ``pretrain_carry_weights``). A wider mix
+    lets the untrained teacher propose harder questions than the student was shown."""
+    teacher_answer_max_carries: int | None = None
+    """Teacher-format answers are learned (loss on their digits) only up to this carry count (None:
+    always), so a wide teacher mix does not teach the student role to carry further."""
     hard_carries: list[int] = field(default_factory=lambda: [12])
     """Carry counts of the hard-set candidates (H), filtered with fail@k."""
     stepping_carries: list[int] = field(default_factory=lambda: [4, 5])
@@ -179,30 +189,38 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(wcfg.warmup_steps, 1)))
     rng = np.random.default_rng(seed)
     weights = np.array(wcfg.pretrain_carry_weights) / np.sum(wcfg.pretrain_carry_weights)
+    t_weights = np.array(wcfg.teacher_carry_weights or wcfg.pretrain_carry_weights, dtype=float)
+    t_weights /= t_weights.sum()
     stop_acc = {int(c): float(thr) for c, thr in wcfg.stop_acc}
     eval_sets = {c: generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 1, "eval") for c in stop_acc}
     t0, history, stopped_at = time.perf_counter(), [], None
     bar = tqdm(range(1, wcfg.max_steps + 1), desc="pretrain", disable=not progress)
     for step in bar:
-        carries = rng.choice(len(weights), size=wcfg.batch_size, p=weights)
         as_teacher = rng.random(wcfg.batch_size) < wcfg.teacher_frac
-        texts = []
-        prompt_lens = []
-        for c, teacher in zip(carries, as_teacher):
-            p = make_problem(*sample_pair(rng, wcfg.digits, int(c)), wcfg.digits, "train")
+        texts, prompt_lens, masked_spans = [], [], []
+        for teacher in as_teacher:
+            c = int(rng.choice(len(t_weights), p=t_weights) if teacher else rng.choice(len(weights), p=weights))
+            p = make_problem(*sample_pair(rng, wcfg.digits, c), wcfg.digits, "train")
+            span = None
             if teacher:
                 prompt, completion = wcfg.teacher_prompt, format_pair(p.question, p.answer)
+                if wcfg.teacher_answer_max_carries is not None and c > wcfg.teacher_answer_max_carries:
+                    start = len(prompt) + completion.index("\\boxed{") + len("\\boxed{")
+                    span = (start, start + len(p.answer))
             else:
                 prompt, completion = render_prompt(wcfg.student_template, p.question), completion_text(p.answer)
             prompt_lens.append(len(prompt))  # one token per character
+            masked_spans.append(span)
             texts.append(prompt + completion)
         ids = [tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id] for t in texts]
         width = max(map(len, ids))
         x = torch.full((len(ids), width), tok.pad_token_id)
         labels = torch.full((len(ids), width), -100)
-        for i, (seq, plen) in enumerate(zip(ids, prompt_lens)):
+        for i, (seq, plen, span) in enumerate(zip(ids, prompt_lens, masked_spans)):
             x[i, : len(seq)] = torch.tensor(seq)
             labels[i, plen: len(seq)] = torch.tensor(seq[plen:])  # learn the completion only
+            if span:
+                labels[i, span[0]: span[1]] = -100
         loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -272,6 +290,27 @@ def write_families(wcfg: ArithWorldConfig, seed: int, out: Path) -> dict[str, Pa
     return paths
 
 
+def oracle_answer(question: str) -> str | None:
+    """The exact answer to a world question (``loop.answer_oracle``); None if it is not one."""
+    m = re.fullmatch(r"(\d+)\+(\d+)", question)
+    if m is None or len(m.group(1)) != len(m.group(2)):
+        return None
+    digits = len(m.group(1))
+    return lsb(int(m.group(1)[::-1]) + int(m.group(2)[::-1]), digits + 1)
+
+
+def build_model(cfg) -> Path:
+    """``model.build`` for the world: pretrain (or reuse the cached) world model."""
+    wcfg = world_config(cfg)
+    return pretrain(wcfg, wcfg.seed, progress=cfg.run.progress)
+
+
+def build_pool(cfg, out_dir: Path) -> Path:
+    """``data.build`` for the world: write the hard-set candidates (and S / C families)."""
+    wcfg = world_config(cfg)
+    return write_families(wcfg, wcfg.seed, Path(out_dir))["pool"]
+
+
 def world_config(cfg) -> ArithWorldConfig:
     from omegaconf import OmegaConf
 
@@ -283,7 +322,7 @@ def run_world(cfg, command: str = "pretrain") -> None:
     stepping-stone / control families to the run dir. Both print what they wrote."""
     wcfg = world_config(cfg)
     if command == "pretrain":
-        print(pretrain(wcfg, cfg.seed, progress=cfg.run.progress))
+        print(build_model(cfg))
     else:
         out = Path(cfg.run.dir or Path("runs") / cfg.run.name)
-        print(json.dumps({k: str(v) for k, v in write_families(wcfg, cfg.seed, out).items()}))
+        print(json.dumps({k: str(v) for k, v in write_families(wcfg, wcfg.seed, out).items()}))

@@ -1,0 +1,282 @@
+"""The SOAR outer loop (paper §1.5), in one process: students run one after another.
+
+    soar-train                                   # the embedded world (experiment=arith)
+    soar-train experiment=arith_micro            # the same loop in under a minute
+    soar-train experiment=paper_math             # Llama-3.2-3B-Instruct on MATH (GPU cluster)
+
+Per outer step t:
+  1. the teacher samples until g*n completions parse (per group), split in order into g datasets;
+  2. Q_R: M hard-train questions drawn without replacement from the step's own seed;
+  3. reward R_{k,j} per dataset k and replicate student j (grounded: accuracy gain of a baseline
+     copy RL-trained K steps on X_k; intrinsic: learnability of X_k for the base student);
+  4. promotion: if the moving average of mean_k R_k passes tau, the median student of the best
+     dataset becomes the baseline and X_k* joins the Promotion Questions; K grows by +5;
+  5. teacher update: RLOO over the g datasets (A_k = R_k - mean of the others), KL to the initial
+     teacher, using the rewards measured against the old baseline;
+  6. step dump, metrics, one atomic checkpoint. A killed run resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from soar.data import render_prompt, write_jsonl
+from soar.faults import maybe_die
+from soar.seeding import derive_seed
+from soar.state import LoopState, save_model_atomic
+
+log = logging.getLogger("soar.loop")
+
+
+class LoopError(RuntimeError):
+    pass
+
+
+@contextmanager
+def phase(name: str, step: int, times: dict):
+    """Time a phase; a non-finite loss or a rejection cap aborts naming the step and phase."""
+    from teachers.sampling import RejectionCapError
+
+    t0 = time.perf_counter()
+    try:
+        yield
+    except (FloatingPointError, RejectionCapError) as exc:
+        raise LoopError(f"outer step {step}, phase {name}: {exc}") from exc
+    times[f"time/{name}_s"] = time.perf_counter() - t0
+
+
+def draw_reward_questions(n_train: int, m: int, seed: int) -> list[int]:
+    """Q_R indices: M of the hard-train split, without replacement, from their own seed stream."""
+    return sorted(np.random.default_rng(seed).choice(n_train, size=m, replace=False).tolist())
+
+
+class Loop:
+    """Holds the run's long-lived pieces; ``step`` is one outer iteration."""
+
+    def __init__(self, cfg, run, tokenizer, base_model, hard):
+        from soar.diversity import DiversityMeter
+        from soar.grading import make_grader
+        from soar.models import model_context
+        from students.promotion import PromotionPolicy
+        from teachers.rewards import make_teacher_reward
+        from teachers.update import TeacherPolicy
+
+        self.cfg, self.run, self.tokenizer, self.base_model, self.hard = cfg, run, tokenizer, base_model, hard
+        self.template = cfg.data.prompt_template
+        self.grader = make_grader(cfg.data.grader)
+        self.teacher = TeacherPolicy(cfg, copy.deepcopy(base_model), tokenizer, self.grader, self.template,
+                                     model_context(base_model, cfg.model))
+        self.reward_fn = make_teacher_reward(cfg, tokenizer, self.grader, self.template)
+        self.state = LoopState(inner_steps=cfg.student.max_steps)
+        self.baseline = base_model
+        if run.resume_from is not None:
+            self.state, teacher_state = LoopState.load(run.resume_from)
+            self.teacher.trainer.load_state_dict(teacher_state)
+            if self.state.promotions:
+                from soar.models import load_model
+
+                self.baseline = load_model(_model_cfg(cfg, str(run.path / self.state.promotions[-1]["path"])))
+            log.info("resumed from %s after outer step %d", run.resume_from, self.state.step)
+        self.policy = PromotionPolicy(cfg.promotion, self.state.history)
+        self.diversity = DiversityMeter(cfg.loop.diversity_model)
+        self.oracle = None
+        if cfg.loop.answer_oracle:
+            from soar.config import load_callable
+
+            self.oracle = load_callable(cfg.loop.answer_oracle, "loop.answer_oracle")
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def correctness(self, model, problems, seed_label) -> list[float]:
+        from soar.generation import HFGenerator
+        from students.trainer import correctness
+
+        s = self.cfg.student
+        return correctness(HFGenerator(model, self.tokenizer, self.cfg.backend.batch_size), self.grader, problems,
+                           self.template, s.eval_max_tokens or s.max_tokens, tuple(s.stop),
+                           self.cfg.inner.accuracy_samples, derive_seed(self.cfg.seed, "baseline_eval", seed_label))
+
+    def baseline_correct(self) -> list[float]:
+        if self.state.baseline_correct is None:
+            self.state.baseline_correct = self.correctness(self.baseline, self.hard.train, self.state.baseline_version)
+        return self.state.baseline_correct
+
+    # ---- one outer step -----------------------------------------------------------------------
+    def step(self, t: int, bar=None) -> dict:
+        from teachers.rewards import as_problems
+        from teachers.update import dataset_advantages
+
+        cfg, st, times, m = self.cfg, self.state, {}, {"student/inner_steps": self.state.inner_steps}
+        self.grader.reset_stats()
+        with phase("teacher_sample", t, times):  # 1. g*n valid pairs per group
+            groups, sample_metrics = self.teacher.sample(t)
+            maybe_die("teacher_sample", t)
+        m.update(sample_metrics)
+        datasets_GK = [[as_problems(d, t, gi, k) for k, d in enumerate(group)] for gi, group in enumerate(groups)]
+        questions = [p for ds in datasets_GK for d in ds for p in d]
+        m.update(self.diversity([p.question for p in questions]))
+        if self.oracle is not None:
+            m["teacher/answer_correct_frac"] = float(np.mean([self.oracle(p.question) == p.answer for p in questions]))
+
+        qr_idx = draw_reward_questions(len(self.hard.train), cfg.inner.reward_questions,  # 2. Q_R
+                                       derive_seed(cfg.seed, "reward_questions", t))
+        qr = [self.hard.train[i] for i in qr_idx]
+        with phase("baseline_eval", t, times):
+            base_acc = float(np.mean([self.baseline_correct()[i] for i in qr_idx]))
+        with phase("rewards", t, times):  # 3. R_{k,j}
+            results = [self.reward_fn(ds, self.baseline, qr, base_acc, t, gi, st.inner_steps, bar)
+                       for gi, ds in enumerate(datasets_GK)]
+        rewards_KR = np.concatenate([r.rewards_KR for r in results])
+        for r in results:
+            for key, value in r.metrics.items():
+                m[key] = m.get(key, 0) + value if key.startswith("compute/") else value
+
+        decision = self.policy.update(rewards_KR)  # 4. promotion (before the teacher update)
+        st.history = self.policy.history
+        record = None
+        if decision.promote:
+            with phase("promotion", t, times):
+                record = self.promote(t, decision, results, datasets_GK, rewards_KR)
+
+        adv_GK = [dataset_advantages(r.rewards_KR.mean(-1)) for r in results]  # 5. teacher update
+        if cfg.teacher.update:
+            with phase("teacher_update", t, times):
+                m.update(self.teacher.update(groups, adv_GK))
+
+        rewards_K = rewards_KR.mean(-1)
+        m.update({"teacher/reward_mean": float(rewards_K.mean()), "teacher/reward_std": float(rewards_K.std()),
+                  "teacher/reward_max": float(rewards_K.max()), "student/base_acc_qr": base_acc,
+                  "promotion/moving_average": decision.moving_average, "promotion/promoted": int(decision.promote),
+                  "promotion/count": len(st.promotions),
+                  "promotion/baseline_hard_train_acc": float(np.mean(self.baseline_correct()))})
+        m.update(self.grader.stats.as_metrics())
+        self.dump(t, datasets_GK, rewards_KR, adv_GK, qr, results, decision, record)
+        st.step = t + 1
+        m.update(times)
+        m["time/step_s"] = sum(times.values())
+        return m
+
+    def promote(self, t, decision, results, datasets_GK, rewards_KR) -> dict:
+        """The median student of the best dataset becomes the baseline (a copy: the teacher never
+        shares its weights); its dataset joins PQ; K grows."""
+        cfg, st, g = self.cfg, self.state, cfg_g(self.cfg)
+        gi, k = divmod(decision.dataset, g)
+        student = results[gi].students_KR[k][decision.replicate]
+        index = len(st.promotions) + 1
+        path = self.run.path / "promoted" / f"promotion_{index:02d}"
+        path.parent.mkdir(exist_ok=True)
+        save_model_atomic(student.trainer, path)
+        self.baseline = student.trainer.export_model()
+        st.baseline_version, st.baseline_correct = index, None
+        record = {"promotion": index, "step": t + 1, "dataset": decision.dataset, "replicate": decision.replicate,
+                  "dataset_reward": float(rewards_KR[decision.dataset].mean()),
+                  "replicate_rewards": rewards_KR[decision.dataset].tolist(), "moving_average": decision.moving_average,
+                  "reason": decision.reason, "path": str(path.relative_to(self.run.path)), "inner_steps": st.inner_steps,
+                  "hard_train_acc": float(np.mean(self.baseline_correct())),
+                  "hard_test_acc": float(np.mean(self.correctness(self.baseline, self.hard.test, f"test{index}")))}
+        st.promotions.append(record)
+        st.pq += [{**p.to_dict(), "promotion": index, "step": t + 1, "dataset": decision.dataset,
+                   "dataset_reward": record["dataset_reward"], "replicate_rewards": record["replicate_rewards"],
+                   "seed": cfg.seed} for p in datasets_GK[gi][k]]
+        st.inner_steps = min(st.inner_steps + cfg.inner.steps_per_promotion, cfg.inner.max_steps)
+        log.info("promotion %d at step %d: %s", index, t + 1, decision.reason)
+        return record
+
+    def dump(self, t, datasets_GK, rewards_KR, adv_GK, qr, results, decision, record) -> None:
+        """``steps/step_N.json``: questions with R_k, A_k and replicate rewards, a few completions."""
+        g, rows = cfg_g(self.cfg), []
+        for gi, ds in enumerate(datasets_GK):
+            for k, d in enumerate(ds):
+                kk = gi * g + k
+                rows.append({"dataset": kk, "reward": float(rewards_KR[kk].mean()), "advantage": float(adv_GK[gi][k]),
+                             "replicate_rewards": rewards_KR[kk].tolist(),
+                             "questions": [{"question": p.question, "answer": p.answer} for p in d]})
+        completions, best = [], None
+        if results[0].students_KR:  # the median student of the best dataset
+            from students.promotion import median_replicate
+
+            bi, bk = divmod(int(np.argmax(rewards_KR.mean(-1))), g)
+            best = results[bi].students_KR[bk][median_replicate(rewards_KR[bi * g + bk])]
+        if best is not None and self.cfg.loop.dump_completions:
+            from soar.generation import SamplingParams
+
+            few = qr[: self.cfg.loop.dump_completions]
+            outs = best.trainer.generator.generate([render_prompt(self.template, p.question) for p in few],
+                                                   SamplingParams(greedy=True, max_tokens=self.cfg.student.max_tokens))
+            completions = [{"question": p.question, "gold": p.answer, "completion": o[0].text} for p, o in zip(few, outs)]
+        out = self.run.path / "steps"
+        out.mkdir(exist_ok=True)
+        (out / f"step_{t + 1:06d}.json").write_text(json.dumps(
+            {"step": t + 1, "datasets": rows, "decision": decision.to_dict(), "promotion": record,
+             "student_completions": completions}, indent=1))
+
+    def checkpoint(self) -> None:
+        st = self.state
+        with self.run.checkpoint(st.step, keep_last=self.cfg.loop.keep_last) as ckpt:
+            st.save(ckpt, self.teacher.trainer.state_dict())
+            maybe_die("checkpoint", st.step - 1)
+        write_jsonl(self.run.path / "pq.jsonl", st.pq)
+        write_jsonl(self.run.path / "promotions.jsonl", st.promotions)
+        every = self.cfg.loop.keep_every
+        if every and st.step % every == 0:
+            (self.run.path / "teacher").mkdir(exist_ok=True)
+            save_model_atomic(self.teacher.trainer, self.run.path / "teacher" / f"step_{st.step:06d}")
+
+
+def cfg_g(cfg) -> int:
+    return cfg.teacher.datasets
+
+
+def _model_cfg(cfg, path: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(cfg.model, {"path": path})
+
+
+def run_train(cfg) -> dict:
+    """The ``soar-train`` stage: hard set -> outer loop -> Promotion Questions (``pq.jsonl``)."""
+    from tqdm.auto import tqdm
+
+    from soar.config import validate
+    from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
+    from soar.prepare import hard_set, resolve_model_path
+    from soar.run import MetricsLogger, RunDir
+
+    validate(cfg, "train")
+    set_threads(cfg.run.threads)
+    resolve_model_path(cfg)
+    run = RunDir(cfg, "train")
+    try:
+        tokenizer, base = load_tokenizer(cfg.model), load_model(cfg.model)
+        hard = hard_set(cfg, run.path, base, tokenizer, cfg.run.progress)
+        context = model_context(base, cfg.model)
+        check_context(tokenizer, [cfg.teacher.prompt], cfg.teacher.max_tokens, context, "teacher.max_tokens")
+        check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in hard.train + hard.test],
+                      cfg.student.max_tokens, context, "student.max_tokens")
+        loop = Loop(cfg, run, tokenizer, base, hard)
+        metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None)
+        per_step = cfg.teacher.groups_per_step * cfg.teacher.datasets * (
+            cfg.inner.replicates if cfg.teacher.reward == "grounded" else 1)
+        bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
+                   disable=not cfg.run.progress)
+        for t in range(loop.state.step, cfg.loop.steps):
+            metrics = loop.step(t, bar)
+            metrics_log.log(t + 1, metrics)  # before the checkpoint: a resume truncates rows past it
+            loop.checkpoint()
+            bar.set_postfix(step=t + 1, reward=f"{metrics['teacher/reward_mean']:+.3f}",
+                            promotions=len(loop.state.promotions))
+        bar.close()
+        summary = {"steps": loop.state.step, "promotions": loop.state.promotions, "pq_size": len(loop.state.pq),
+                   "hard_set": hard.source, "run_dir": str(run.path)}
+        (run.path / "summary.json").write_text(json.dumps(summary, indent=2))
+        metrics_log.close()
+        print(json.dumps({k: summary[k] for k in ("steps", "pq_size", "run_dir")} | {"promotions": len(summary["promotions"])}))
+        return summary
+    finally:
+        run.close()

@@ -1,0 +1,56 @@
+"""What the outer loop carries from step to step, and its checkpoint format.
+
+A checkpoint (``checkpoints/step_N/``, written to a temp folder then renamed) holds ``state.json``
+(step counter, inner-loop length, promotion history and records, PQ, the baseline's hard-train
+correctness) and ``teacher.pt`` (teacher weights, optimiser, scheduler). Promoted students are
+saved in HF format under ``promoted/`` when promoted; the baseline is reloaded from the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    """Outer steps completed."""
+    inner_steps: int = 10
+    """Current inner-loop length K (grows per promotion, capped)."""
+    baseline_version: int = 0
+    """0: the base model; i: the i-th promoted student."""
+    history: list[float] = field(default_factory=list)
+    """Step rewards in the moving-average window (see ``students.promotion``)."""
+    promotions: list[dict] = field(default_factory=list)
+    """One record per promotion: step, dataset, replicate, rewards, path, hard-split accuracies."""
+    pq: list[dict] = field(default_factory=list)
+    """Promotion Questions with provenance."""
+    baseline_correct: list[float] | None = None
+    """The baseline's correctness on every hard-train problem (cached per baseline version)."""
+
+    def save(self, folder: Path, teacher_state: dict) -> None:
+        (folder / "state.json").write_text(json.dumps(asdict(self)))
+        torch.save(teacher_state, folder / "teacher.pt")
+
+    @classmethod
+    def load(cls, folder: Path) -> tuple["LoopState", dict]:
+        for name in ("state.json", "teacher.pt"):
+            if not (folder / name).exists():
+                raise FileNotFoundError(f"checkpoint {folder} is missing {name}")
+        state = cls(**json.loads((folder / "state.json").read_text()))
+        return state, torch.load(folder / "teacher.pt", weights_only=False)
+
+
+def save_model_atomic(trainer, folder: Path) -> None:
+    """HF-format save (merged, plus the adapter with LoRA) into ``folder`` via a temp folder."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)

@@ -1,0 +1,106 @@
+"""Teacher rewards behind one interface: a callable that scores the g datasets of one group.
+
+- ``grounded`` (SOAR, paper §1.2): r students per dataset, each a copy of the baseline trained
+  K inner steps on it, evaluated on the step's reward questions Q_R;
+  R_{k,j} = Acc(student_{k,j}, Q_R) - Acc(baseline, Q_R), R_k = mean_j R_{k,j}.
+- ``intrinsic`` (the paper's Intrinsic-T, App. B.4): no inner loop; per question the fixed base
+  student's success rate s over ``teacher.intrinsic_samples`` samples at T=1, graded against the
+  teacher's own answer; r_i = 0 if s = 0 else 1 - s; R_k = mean_i r_i. Variants published by
+  other self-play systems: ``intrinsic_4p1p`` 4s(1-s), ``intrinsic_min`` min(s, 1-s),
+  ``intrinsic_mixed`` 1 if 0 < s < 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from soar.data import Problem
+from soar.faults import maybe_die
+from soar.seeding import derive_seed
+from students.trainer import StudentResult, correctness, train_student
+
+
+def intrinsic_question_reward(s: float, kind: str) -> float:
+    """Per-question learnability reward from the student's success rate ``s``."""
+    if kind == "intrinsic":
+        return 0.0 if s == 0 else 1.0 - s
+    if kind == "intrinsic_4p1p":
+        return 4.0 * s * (1.0 - s)
+    if kind == "intrinsic_min":
+        return min(s, 1.0 - s)
+    if kind == "intrinsic_mixed":
+        return float(0.0 < s < 1.0)
+    raise ValueError(f"unknown intrinsic reward {kind!r}")
+
+
+@dataclass
+class GroupRewards:
+    rewards_KR: np.ndarray
+    """Per dataset and replicate (intrinsic: one column). R_k = rewards_KR.mean(-1)."""
+    students_KR: list[list[StudentResult]] = field(default_factory=list)
+    """The trained students (grounded), kept until the promotion decision."""
+    metrics: dict = field(default_factory=dict)
+
+
+def as_problems(rollouts, step: int, group: int, k: int) -> list[Problem]:
+    return [Problem(f"t{step}/g{group}/d{k}/{i}", r.question, r.answer, "teacher") for i, r in enumerate(rollouts)]
+
+
+class GroundedReward:
+    def __init__(self, cfg, tokenizer, grader, template: str):
+        self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
+
+    def __call__(self, datasets_K: list[list[Problem]], baseline, reward_questions: list[Problem],
+                 base_acc: float, step: int, group: int, inner_steps: int, progress=None) -> GroupRewards:
+        cfg = self.cfg
+        student_cfg = OmegaConf.merge(cfg.student, {"max_steps": inner_steps})
+        rewards_KR = np.zeros((len(datasets_K), cfg.inner.replicates))
+        students_KR = []
+        for k, dataset in enumerate(datasets_K):
+            row = []
+            for j in range(cfg.inner.replicates):
+                res = train_student(baseline, self.tokenizer, self.grader, dataset, student_cfg, self.template,
+                                    derive_seed(cfg.seed, "student", step, group, k, j), {"qr": reward_questions},
+                                    cfg.inner.accuracy_samples, cfg.backend.batch_size)
+                rewards_KR[k, j] = res.accuracy["qr"] - base_acc
+                maybe_die("student", step)
+                row.append(res)
+                if progress is not None:
+                    progress.update(1)
+            students_KR.append(row)
+        history = [h for row in students_KR for s in row for h in s.history]
+        metrics = {"student/inner_reward_mean": float(np.mean([h["student/reward_mean"] for h in history])),
+                   "student/inner_accuracy": float(np.mean([h["student/accuracy"] for h in history])),
+                   "student/inner_skipped_frac": float(np.mean([h["student/skipped_zero_adv"] for h in history])),
+                   "compute/student_steps": len(history),
+                   "compute/student_tokens": float(sum(h["student/completion_tokens_mean"] * h["student/rollouts"]
+                                                       for h in history))}
+        return GroupRewards(rewards_KR, students_KR, metrics)
+
+
+class IntrinsicReward:
+    def __init__(self, cfg, tokenizer, grader, template: str):
+        self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
+
+    def __call__(self, datasets_K, baseline, reward_questions, base_acc, step, group, inner_steps,
+                 progress=None) -> GroupRewards:
+        from soar.generation import HFGenerator
+
+        cfg = self.cfg
+        gen = HFGenerator(baseline, self.tokenizer, cfg.backend.batch_size)
+        rewards_K, rates = [], []
+        for k, dataset in enumerate(datasets_K):
+            s = correctness(gen, self.grader, dataset, self.template, cfg.student.max_tokens, tuple(cfg.student.stop),
+                            cfg.teacher.intrinsic_samples, derive_seed(cfg.seed, "intrinsic", step, group, k))
+            rates += s
+            rewards_K.append(float(np.mean([intrinsic_question_reward(x, cfg.teacher.reward) for x in s])))
+            if progress is not None:
+                progress.update(1)
+        return GroupRewards(np.array(rewards_K)[:, None], [], {"teacher/intrinsic_success_rate": float(np.mean(rates))})
+
+
+def make_teacher_reward(cfg, tokenizer, grader, template: str):
+    return (GroundedReward if cfg.teacher.reward == "grounded" else IntrinsicReward)(cfg, tokenizer, grader, template)

@@ -1,0 +1,75 @@
+"""The teacher as a policy: rejection-sampled datasets out, set-level RLOO update in (paper §1.2).
+
+Every rollout of dataset k gets the advantage A_k = R_k - mean_{l != k} R_l of its group. The
+loss is the sum of token log-probs over the **whole completion** times A_k, divided by one
+constant (the number of rollouts, g*n per group): a per-sequence length mean would break
+Proposition 1. KL is a separate k3 term to the initial teacher (LoRA: the adapter disabled).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from soar.generation import SamplingParams
+from students.rloo import rloo_advantages
+from students.trainer import RLOOTrainer
+from teachers.parse import Reject, parse_pair
+from teachers.prompts import TeacherFormat
+from teachers.sampling import Rollout, sample_valid
+
+
+def dataset_advantages(rewards_K) -> np.ndarray:
+    """Leave-one-out advantages over the g datasets of one group."""
+    return rloo_advantages(torch.tensor(np.asarray(rewards_K, dtype=np.float64))[None])[0].numpy()
+
+
+class TeacherPolicy:
+    def __init__(self, cfg, model, tokenizer, grader, student_template: str, student_context: int):
+        t = cfg.teacher
+        ref = copy.deepcopy(model) if t.lora.r == 0 and t.kl_coef > 0 else None
+        self.cfg, self.tokenizer, self.grader = cfg, tokenizer, grader
+        self.trainer = RLOOTrainer(model, tokenizer, grader, t, "{question}", cfg.seed, ref_model=ref,
+                                   batch_size=cfg.backend.batch_size, role="teacher")
+        self.fmt = TeacherFormat(t.question_tag, t.answer_tag)
+        self.student_template, self.student_context = student_template, student_context
+        self.prompt_ids = tokenizer(t.prompt, add_special_tokens=False).input_ids
+
+    def parse(self, text: str):
+        pair = parse_pair(text, self.fmt, answer_ok=self.grader.parseable)
+        if isinstance(pair, Reject):
+            return pair
+        from soar.data import render_prompt
+
+        prompt_len = len(self.tokenizer(render_prompt(self.student_template, pair.question), add_special_tokens=False).input_ids)
+        if prompt_len + self.cfg.student.max_tokens > self.student_context:
+            return Reject("question_too_long")
+        return pair
+
+    def sample(self, step: int) -> tuple[list[list[list[Rollout]]], dict]:
+        """Rollouts split in order into groups x g datasets x n questions, and sampling metrics."""
+        t = self.cfg.teacher
+        per_group = t.datasets * t.questions_per_dataset
+        count = per_group * t.groups_per_step
+        params = SamplingParams(temperature=t.temperature, max_tokens=t.max_tokens, stop=tuple(t.stop))
+        rollouts, metrics = sample_valid(self.trainer.generator, t.prompt, count, params, self.parse,
+                                         t.sample_batch or count, int(t.max_attempts_factor * count), self.cfg.seed, step)
+        n = t.questions_per_dataset
+        groups = [[rollouts[g * per_group + k * n: g * per_group + (k + 1) * n] for k in range(t.datasets)]
+                  for g in range(t.groups_per_step)]
+        metrics["teacher/completion_tokens_mean"] = float(np.mean([len(r.token_ids) for r in rollouts]))
+        metrics["compute/teacher_tokens"] = float(sum(len(r.token_ids) for r in rollouts))
+        return groups, metrics
+
+    def update(self, groups, advantages_GK) -> dict:
+        """One optimiser step; A_k on every rollout of dataset k."""
+        completions, adv = [], []
+        for datasets, adv_K in zip(groups, advantages_GK):
+            for dataset, a in zip(datasets, adv_K):
+                completions += [r.token_ids for r in dataset]
+                adv += [float(a)] * len(dataset)
+        stats = self.trainer.update([self.prompt_ids] * len(completions), completions, torch.tensor(adv))
+        return {"teacher/pg_loss": stats["pg_loss"], "teacher/kl": stats["kl"], "teacher/grad_norm": stats["grad_norm"],
+                "teacher/lr": stats["lr"], "teacher/skipped_zero_adv": int(stats["skipped"])}
