@@ -157,7 +157,12 @@ def main() -> None:
     for s in samples:
         if s["reason"]:
             reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+    by_carries = {}
+    for s in wf:
+        by_carries.setdefault(s["carries"], []).append(s["answer_correct"])
+    report["base_teacher_correct_by_carries"] = {str(c): float(np.mean(v)) for c, v in sorted(by_carries.items())}
     report["base_teacher"] = {
+        "s_like_correct_frac_of_valid": sum(s["answer_correct"] for s in s_like) / max(len(valid), 1),
         "samples": len(samples), "valid_frac": len(valid) / len(samples),
         "well_formed_frac_of_valid": len(wf) / max(len(valid), 1),
         "answer_correct_frac_of_valid": float(np.mean([s["answer_correct"] for s in valid])) if valid else 0.0,
@@ -180,7 +185,8 @@ def main() -> None:
         chunk = pairs[i * args.n:(i + 1) * args.n]
         probs = [Problem(f"t{i}/{j}", s["question"], s["answer"], "teacher") for j, s in enumerate(chunk)]
         s_frac = float(np.mean([s.get("carries") in wcfg.stepping_carries for s in chunk]))
-        datasets.append({"s_frac": s_frac, "answer_correct_frac": float(np.mean([s["answer_correct"] for s in chunk]))})
+        datasets.append({"s_frac": s_frac, "s_correct_frac": float(np.mean([s.get("carries") in wcfg.stepping_carries and s["answer_correct"] for s in chunk])),
+                         "answer_correct_frac": float(np.mean([s["answer_correct"] for s in chunk]))})
         tasks.append((f"D{i}", 2000 + i, probs, {"hard_train": hard_train}))
     ctx = mp.get_context("spawn")
     results = []
@@ -218,7 +224,10 @@ def main() -> None:
         for _ in range(5000):
             steps = [rng.choice(rw, size=args.g, replace=False).mean() for _ in range(3)]
             mas.append(np.mean(steps))
+        sc = np.array([d["s_correct_frac"] for d in datasets])
+        corr_sc = float(np.corrcoef(sc, rw)[0, 1]) if sc.std() > 0 and rw.std() > 0 else float("nan")
         report["reward_signal"] = {"datasets": len(datasets), "correlation_sfrac_reward": corr, "bootstrap_ci95": ci,
+                                   "correlation_s_correct_frac_reward": corr_sc,
                                    "reward_mean": float(rw.mean()), "reward_sd": float(rw.std(ddof=1)),
                                    "tau_p95_ma3": float(np.percentile(mas, 95)), "per_dataset": datasets}
         print("reward signal:", {k: v for k, v in report["reward_signal"].items() if k != "per_dataset"}, flush=True)

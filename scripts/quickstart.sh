@@ -1,26 +1,20 @@
 #!/usr/bin/env bash
-# The embedded default end to end, on CPU (about 10 minutes on 2 cores; 4 with a cached world model):
-#   1. pretrain the arithmetic world's character-level Llama (cached in ~/.cache/soar/worlds/)
-#   2. write the world's hard-set pool and its stepping-stone / control families
-#   3. fail@128 on the pool -> the hard set (train/test)
-#   4. RL-train one student on stepping stones, evaluated greedily on the hard train split
-# Usage: bash scripts/quickstart.sh [extra Hydra overrides for soar-rl]
+# The main job: SOAR end to end in the embedded arithmetic world, on CPU (experiment=arith):
+# pretrain the world's character-level Llama (cached in ~/.cache/soar/worlds/), build the fail@128
+# hard set, run the outer loop (teacher -> students -> grounded reward -> promotion -> teacher
+# update), and write the Promotion Questions. Everything lands in runs/arith/ (RUN=... to change).
+# Usage: bash scripts/quickstart.sh [extra Hydra overrides for soar-train]
 set -euo pipefail
-RUN="${RUN:-runs/quickstart}"
+RUN="${RUN:-runs/arith}"
 export OMP_WAIT_POLICY=PASSIVE
-MODEL="$(soar-world pretrain | tail -n 1)"
-echo "world model: $MODEL"
-soar-world problems run.dir="$RUN/problems" >/dev/null
-soar-filter model="$MODEL" data=arith data.path="$RUN/problems/pool.jsonl" filter.k=128 \
-    filter.max_tokens=24 filter.problems_per_batch=4 run.dir="$RUN/filter"
-soar-rl model="$MODEL" data=arith data.path="$RUN/problems/stepping.jsonl" \
-    data.eval_path="$RUN/filter/hard_train.jsonl" student=arith run.dir="$RUN/rl" "$@"
+soar-train run.dir="$RUN" "$@"
 python3 - "$RUN" <<'PY'
 import json, sys
 run = sys.argv[1]
-rows = [json.loads(l) for l in open(f"{run}/rl/metrics.jsonl")]
-evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-summary = json.load(open(f"{run}/filter/summary.json"))
-print(f"hard set: {summary['hard']} problems (train {summary['hard_train']}, test {summary['hard_test']})")
-print(f"greedy accuracy on hard train: step {evals[0][0]}: {evals[0][1]:.3f} -> step {evals[-1][0]}: {evals[-1][1]:.3f}")
+rows = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+promos = [json.loads(l) for l in open(f"{run}/promotions.jsonl") if l.strip()]
+print(f"{len(rows)} outer steps, {len(promos)} promotions, {sum(1 for _ in open(f'{run}/pq.jsonl'))} Promotion Questions")
+print("step reward (mean over datasets):", " ".join(f"{r['teacher/reward_mean']:+.3f}" for r in rows))
+for p in promos:
+    print(f"promotion {p['promotion']} at step {p['step']}: hard-train {p['hard_train_acc']:.3f}, hard-test {p['hard_test_acc']:.3f}")
 PY

@@ -4,6 +4,7 @@ Python API (lazy imports keep ``import soar`` fast)::
 
     import soar
     cfg = soar.compose(["model.path=out/model", "data.path=train.jsonl", "student.max_steps=20"])
+    soar.train(cfg)             # = soar-train (the SOAR loop)
     soar.train_rl(cfg)          # = soar-rl
     soar.fail_at_k(cfg)         # = soar-filter
 """
@@ -11,6 +12,13 @@ Python API (lazy imports keep ``import soar`` fast)::
 __version__ = "0.1.0"
 
 from soar.config import ConfigError, SoarConfig, compose, validate  # noqa: E402
+
+
+def train(cfg) -> dict:
+    """Run the SOAR outer loop (the ``soar-train`` stage); returns its summary."""
+    from soar.loop import run_train
+
+    return run_train(cfg)
 
 
 def train_rl(cfg) -> dict:
@@ -27,4 +35,4 @@ def fail_at_k(cfg) -> dict:
     return run_filter_stage(cfg)
 
 
-__all__ = ["ConfigError", "SoarConfig", "compose", "validate", "train_rl", "fail_at_k"]
+__all__ = ["ConfigError", "SoarConfig", "compose", "validate", "train", "train_rl", "fail_at_k"]

@@ -176,8 +176,9 @@ class TeacherConfig(PolicyConfig):
     4s(1-s), ``intrinsic_min`` min(s,1-s), ``intrinsic_mixed`` 1 if 0<s<1 (other self-play systems)."""
     intrinsic_samples: int = 32
     """Intrinsic rewards: samples of the fixed base student per question at T=1 (paper: 32)."""
-    update: bool = True
-    """False never updates the teacher: Base-T (and the runs that calibrate tau)."""
+    frozen: bool = False
+    """True never updates the teacher: Base-T (and the runs that calibrate tau). (Not named
+    ``update``: a config node's ``.update`` is its dict method, always truthy.)"""
     sample_batch: int = 0
     """Teacher completions per rejection-sampling round (0: g*n*groups_per_step)."""
     max_attempts_factor: float = 16.0

@@ -145,7 +145,7 @@ class Loop:
                 record = self.promote(t, decision, results, datasets_GK, rewards_KR)
 
         adv_GK = [dataset_advantages(r.rewards_KR.mean(-1)) for r in results]  # 5. teacher update
-        if cfg.teacher.update:
+        if not cfg.teacher.frozen:
             with phase("teacher_update", t, times):
                 m.update(self.teacher.update(groups, adv_GK))
 
@@ -165,7 +165,7 @@ class Loop:
     def promote(self, t, decision, results, datasets_GK, rewards_KR) -> dict:
         """The median student of the best dataset becomes the baseline (a copy: the teacher never
         shares its weights); its dataset joins PQ; K grows."""
-        cfg, st, g = self.cfg, self.state, cfg_g(self.cfg)
+        cfg, st, g = self.cfg, self.state, self.cfg.teacher.datasets
         gi, k = divmod(decision.dataset, g)
         student = results[gi].students_KR[k][decision.replicate]
         index = len(st.promotions) + 1
@@ -190,7 +190,7 @@ class Loop:
 
     def dump(self, t, datasets_GK, rewards_KR, adv_GK, qr, results, decision, record) -> None:
         """``steps/step_N.json``: questions with R_k, A_k and replicate rewards, a few completions."""
-        g, rows = cfg_g(self.cfg), []
+        g, rows = self.cfg.teacher.datasets, []
         for gi, ds in enumerate(datasets_GK):
             for k, d in enumerate(ds):
                 kk = gi * g + k
@@ -227,10 +227,6 @@ class Loop:
         if every and st.step % every == 0:
             (self.run.path / "teacher").mkdir(exist_ok=True)
             save_model_atomic(self.teacher.trainer, self.run.path / "teacher" / f"step_{st.step:06d}")
-
-
-def cfg_g(cfg) -> int:
-    return cfg.teacher.datasets
 
 
 def _model_cfg(cfg, path: str):

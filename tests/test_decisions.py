@@ -127,3 +127,13 @@ def test_diversity_metrics():
     assert vendi_score(same) == pytest.approx(1.0)
     two = np.array([[1, 0], [1, 0], [0, 1], [0, 1]], dtype=float)
     assert vendi_score(two) == pytest.approx(2.0)
+
+
+def test_a_non_finite_loss_aborts_naming_step_and_phase():
+    from soar.loop import LoopError, phase
+
+    times = {}
+    with pytest.raises(LoopError, match="outer step 7, phase teacher_update: non-finite teacher loss"):
+        with phase("teacher_update", 7, times):
+            raise FloatingPointError("non-finite teacher loss at its step 7")
+    assert times == {}  # nothing recorded for the failed phase; the checkpoint comes later and is skipped

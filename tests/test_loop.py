@@ -106,3 +106,63 @@ def test_sigkill_at_fixed_phases_and_a_random_moment_then_resume_equals_uninterr
     assert (run_dir / "pq.jsonl").read_bytes() == (ref_dir / "pq.jsonl").read_bytes()
     assert (run_dir / "promotions.jsonl").read_bytes() == (ref_dir / "promotions.jsonl").read_bytes()
     assert comparable_metrics(run_dir) == comparable_metrics(ref_dir)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["teacher.datasets=1"], "teacher.datasets"),
+    (["teacher.reward=intrinsic"], "promotion.enabled"),
+    (["inner.max_steps=1"], "inner.max_steps"),
+    (["teacher.reward=novelty", "promotion.enabled=false"], "teacher.reward"),
+])
+def test_config_errors_name_the_field(overrides, message):
+    import soar
+
+    with pytest.raises(soar.ConfigError, match=message):
+        soar.validate(soar.compose(["experiment=arith_micro", "model.path=/tmp", *overrides]), "train")
+
+
+def test_more_reward_questions_than_hard_train_is_a_config_error(tiny_model_dir, tmp_path):
+    hard = tmp_path / "hard"
+    hard.mkdir()
+    for split in ("train", "test"):
+        (hard / f"hard_{split}.jsonl").write_text(
+            "".join(json.dumps({"id": f"{split}{i}", "question": "123+456", "answer": "5790"}) + "\n" for i in range(3)))
+    res = run_cli(micro_args(tiny_model_dir, tmp_path / "run", f"loop.hard_set={hard}"), check=False)
+    assert res.returncode == 2 and "inner.reward_questions: M=8 is larger than the hard train split (3" in res.stderr
+
+
+def test_intrinsic_teacher_and_base_teacher_variants(reference_run, tiny_model_dir, tmp_path):
+    hard = reference_run[0] / "hard_set"  # reuse the reference run's hard set
+    run_cli(micro_args(tiny_model_dir, tmp_path / "intrinsic", f"loop.hard_set={hard}", "teacher.reward=intrinsic",
+                       "promotion.enabled=false", "loop.steps=2", "teacher.intrinsic_samples=4", "teacher.groups_per_step=2"))
+    rows = comparable_metrics(tmp_path / "intrinsic")
+    for r in rows:  # no inner loop: no student steps; rewards are learnability in [0, 1]
+        assert "compute/student_steps" not in r and 0 <= r["teacher/intrinsic_success_rate"] <= 1
+        assert 0 <= r["teacher/reward_mean"] <= 1 and r["promotion/promoted"] == 0
+    assert (tmp_path / "intrinsic" / "pq.jsonl").read_text() == ""
+    dump = json.loads((tmp_path / "intrinsic" / "steps" / "step_000001.json").read_text())
+    assert len(dump["datasets"]) == 4  # 2 groups of g=2, each with its own leave-one-out baseline
+    adv = [d["advantage"] for d in dump["datasets"]]
+    assert adv[0] + adv[1] == pytest.approx(0, abs=1e-9) and adv[2] + adv[3] == pytest.approx(0, abs=1e-9)
+    run_cli(micro_args(tiny_model_dir, tmp_path / "base", f"loop.hard_set={hard}", "teacher.frozen=true",
+                       "promotion.enabled=false", "loop.steps=2"))
+    rows = comparable_metrics(tmp_path / "base")
+    assert all("teacher/pg_loss" not in r for r in rows)  # Base-T: never updated
+    # The untrained teacher at step 1 is the same as the reference run's: same datasets, same rewards.
+    ref = comparable_metrics(reference_run[0])[0]
+    assert rows[0]["teacher/reward_mean"] == ref["teacher/reward_mean"]
+    assert rows[0]["teacher/answer_correct_frac"] == ref["teacher/answer_correct_frac"]
+
+
+def test_lora_teacher_and_students(reference_run, tiny_model_dir, tmp_path):
+    """LoRA students are promoted as merged copies (plus their adapter); the LoRA teacher's KL
+    reference is the base with its adapter disabled."""
+    run_dir = tmp_path / "lora"
+    run_cli(micro_args(tiny_model_dir, run_dir, f"loop.hard_set={reference_run[0] / 'hard_set'}", "loop.steps=2",
+                       "promotion.window=1", "student.lora.r=4", "student.lr=1e-3", "teacher.lora.r=4", "teacher.lr=1e-3"))
+    rows = comparable_metrics(run_dir)
+    assert [r["promotion/promoted"] for r in rows] == [1, 0]  # window 1, reset after the promotion
+    assert rows[0]["teacher/kl"] == pytest.approx(0.0, abs=1e-6)  # adapter starts at zero: teacher == reference
+    assert rows[1]["teacher/kl"] > 0 or rows[0]["teacher/skipped_zero_adv"] == 1
+    promoted = run_dir / "promoted" / "promotion_01"
+    assert (promoted / "config.json").exists() and (promoted / "adapter" / "adapter_config.json").exists()

@@ -46,15 +46,15 @@ class ArithWorldConfig:
     """Share of pretraining examples in the teacher format (``teacher_prompt`` ->
     ``<question>a+b</question><answer>\\boxed{sum}</answer>``), questions from the same carry mix,
     so the base model can act as an (untrained) teacher."""
-    teacher_carry_weights: list[float] | None = None
+    teacher_carry_weights: list[float] | None = field(default_factory=lambda: [1.0] * 9)
     """Carry mix of the teacher-format questions (None: ``pretrain_carry_weights``). A wider mix
     lets the untrained teacher propose harder questions than the student was shown."""
-    teacher_answer_max_carries: int | None = None
+    teacher_answer_max_carries: int | None = 2
     """Teacher-format answers are learned (loss on their digits) only up to this carry count (None:
     always), so a wide teacher mix does not teach the student role to carry further."""
-    hard_carries: list[int] = field(default_factory=lambda: [12])
+    hard_carries: list[int] = field(default_factory=lambda: [10])
     """Carry counts of the hard-set candidates (H), filtered with fail@k."""
-    stepping_carries: list[int] = field(default_factory=lambda: [4, 5])
+    stepping_carries: list[int] = field(default_factory=lambda: [7, 8])
     """Stepping-stone family (S): solved sometimes; training on it should move H."""
     control_carries: list[int] = field(default_factory=lambda: [0])
     """Control family (C): already solved; training on it should not move H."""
@@ -143,8 +143,13 @@ def completion_text(answer: str) -> str:
     return f"\\boxed{{{answer}}}"
 
 
+# Fields that do not change the pretrained model: left out of its cache key.
+MODEL_INDEPENDENT = ("out_dir", "threads", "hard_carries", "stepping_carries", "control_carries", "pool_size",
+                     "family_size")
+
+
 def world_hash(wcfg: ArithWorldConfig, seed: int) -> str:
-    payload = {k: v for k, v in asdict(wcfg).items() if k not in ("out_dir", "threads")}
+    payload = {k: v for k, v in asdict(wcfg).items() if k not in MODEL_INDEPENDENT + ("seed",)}
     return hashlib.sha256(json.dumps({"seed": seed, **payload}, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -181,6 +186,13 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
     if (out / "train_info.json").exists():
         log.info("world model cached at %s", out)
         return out
+    for name in ("pretrain_carry_weights", "teacher_carry_weights"):
+        weights = getattr(wcfg, name)
+        if weights is not None and len(weights) > wcfg.digits + 1:
+            from soar.config import ConfigError
+
+            raise ConfigError(f"config error: world.{name}: {len(weights)} weights (carry counts 0..{len(weights) - 1}) "
+                              f"but {wcfg.digits}-digit sums have at most {wcfg.digits} carries")
     set_threads(wcfg.threads)
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden=wcfg.hidden, layers=wcfg.layers, heads=wcfg.heads,
