@@ -105,7 +105,7 @@ def main() -> None:
     bin_dir = Path(sys.executable).parent
     t0 = time.perf_counter()
 
-    model = subprocess.run(  # cached after the first build[str(bin_dir / "soar-world"), "pretrain", "run.progress=false", *args.overrides],
+    model = subprocess.run([str(bin_dir / "soar-world"), "pretrain", "run.progress=false", *args.overrides],  # cached
                            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     hard = out / "hard_set"
     if not (hard / "summary.json").exists():

@@ -161,8 +161,9 @@ def test_lora_teacher_and_students(reference_run, tiny_model_dir, tmp_path):
     run_cli(micro_args(tiny_model_dir, run_dir, f"loop.hard_set={reference_run[0] / 'hard_set'}", "loop.steps=2",
                        "promotion.window=1", "student.lora.r=4", "student.lr=1e-3", "teacher.lora.r=4", "teacher.lr=1e-3"))
     rows = comparable_metrics(run_dir)
-    assert [r["promotion/promoted"] for r in rows] == [1, 0]  # window 1, reset after the promotion
+    assert [r["promotion/promoted"] for r in rows] == [1, 1]  # window 1 and tau -1: every step promotes
+    assert [r["student/inner_steps"] for r in rows] == [2, 3]  # step 2 trains LoRA on the merged baseline
     assert rows[0]["teacher/kl"] == pytest.approx(0.0, abs=1e-6)  # adapter starts at zero: teacher == reference
     assert rows[1]["teacher/kl"] > 0 or rows[0]["teacher/skipped_zero_adv"] == 1
-    promoted = run_dir / "promoted" / "promotion_01"
+    promoted = run_dir / "promoted" / "promotion_02"
     assert (promoted / "config.json").exists() and (promoted / "adapter" / "adapter_config.json").exists()

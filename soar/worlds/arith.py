@@ -46,10 +46,10 @@ class ArithWorldConfig:
     """Share of pretraining examples in the teacher format (``teacher_prompt`` ->
     ``<question>a+b</question><answer>\\boxed{sum}</answer>``), questions from the same carry mix,
     so the base model can act as an (untrained) teacher."""
-    teacher_carry_weights: list[float] | None = field(default_factory=lambda: [1.0] * 9)
+    teacher_carry_weights: list[float] | None = None
     """Carry mix of the teacher-format questions (None: ``pretrain_carry_weights``). A wider mix
     lets the untrained teacher propose harder questions than the student was shown."""
-    teacher_answer_max_carries: int | None = 2
+    teacher_answer_max_carries: int | None = None
     """Teacher-format answers are learned (loss on their digits) only up to this carry count (None:
     always), so a wide teacher mix does not teach the student role to carry further."""
     hard_carries: list[int] = field(default_factory=lambda: [10])
