@@ -68,7 +68,7 @@ class Loop:
         from teachers.rewards import make_teacher_reward
         from teachers.update import TeacherPolicy
 
-        self.cfg, self.run, self.tokenizer, self.base_model, self.hard = cfg, run, tokenizer, base_model, hard
+        self.cfg, self.run, self.tokenizer, self.hard = cfg, run, tokenizer, hard
         self.template = cfg.data.prompt_template
         self.grader = make_grader(cfg.data.grader)
         self.teacher = TeacherPolicy(cfg, copy.deepcopy(base_model), tokenizer, self.grader, self.template,

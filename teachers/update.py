@@ -13,6 +13,7 @@ import copy
 import numpy as np
 import torch
 
+from soar.data import render_prompt
 from soar.generation import SamplingParams
 from students.rloo import rloo_advantages
 from students.trainer import RLOOTrainer
@@ -41,8 +42,6 @@ class TeacherPolicy:
         pair = parse_pair(text, self.fmt, answer_ok=self.grader.parseable)
         if isinstance(pair, Reject):
             return pair
-        from soar.data import render_prompt
-
         prompt_len = len(self.tokenizer(render_prompt(self.student_template, pair.question), add_special_tokens=False).input_ids)
         if prompt_len + self.cfg.student.max_tokens > self.student_context:
             return Reject("question_too_long")
