@@ -178,13 +178,23 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
     return summary
 
 
+def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress: bool = True) -> dict:
+    """Check prompts fit the context, then fail@k with the configured backend and grader."""
+    from soar.generation import make_generator
+    from soar.grading import make_grader
+    from soar.models import check_context, model_context, model_fingerprint
+
+    check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
+                  cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
+    return run_filter(problems, make_generator(cfg.backend, model, tokenizer), make_grader(cfg.data.grader), cfg,
+                      out_dir, {"model": model_fingerprint(cfg.model)}, progress=progress)
+
+
 def run_filter_stage(cfg) -> dict:
     """The ``soar-filter`` stage: load model and questions, validate, run, write the hard set."""
     from soar.config import validate
     from soar.data import load_problems
-    from soar.generation import make_generator
-    from soar.grading import make_grader
-    from soar.models import check_context, load_model, load_tokenizer, model_context, model_fingerprint, set_threads
+    from soar.models import load_model, load_tokenizer, set_threads
     from soar.run import RunDir
 
     validate(cfg, "filter")
@@ -192,12 +202,7 @@ def run_filter_stage(cfg) -> dict:
     run = RunDir(cfg, "filter")
     try:
         tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
-        problems = load_problems(cfg.data)
-        check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
-                      cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
-        generator = make_generator(cfg.backend, model, tokenizer)
-        summary = run_filter(problems, generator, make_grader(cfg.data.grader), cfg, run.path,
-                             {"model": model_fingerprint(cfg.model)}, progress=cfg.run.progress)
+        summary = filter_to_hard_set(cfg, load_problems(cfg.data), model, tokenizer, run.path, cfg.run.progress)
         print(json.dumps({k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test")}))
         return summary
     finally:

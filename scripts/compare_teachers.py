@@ -60,7 +60,7 @@ def reward_signal(run_dirs: list[Path], stepping: list[int], rng_seed: int = 0) 
     """Criterion 6 of the world: over the untrained teacher's datasets, the correlation between a
     dataset's S-like fraction (questions with a stepping-stone carry count; also: with a correct
     answer) and its grounded reward, with a bootstrap 95 % interval."""
-    from soar.worlds.arith import carries_of, oracle_answer
+    from soar.worlds.arith import carries_of, oracle_answer, parse_question
 
     rows = []
     for run_dir in run_dirs:
@@ -68,9 +68,8 @@ def reward_signal(run_dirs: list[Path], stepping: list[int], rng_seed: int = 0) 
             for d in json.loads(f.read_text())["datasets"]:
                 s_like, s_correct = [], []
                 for q in d["questions"]:
-                    a, _, b = q["question"].partition("+")
-                    ok = a.isdigit() and b.isdigit() and len(a) == len(b)
-                    c = carries_of(int(a[::-1]), int(b[::-1]), len(a)) if ok else -1
+                    parsed = parse_question(q["question"])
+                    c = carries_of(*parsed) if parsed else -1
                     s_like.append(c in stepping)
                     s_correct.append(c in stepping and oracle_answer(q["question"]) == q["answer"])
                 rows.append((float(np.mean(s_like)), float(np.mean(s_correct)), d["reward"]))

@@ -58,22 +58,20 @@ def mean_se(xs) -> dict:
 
 def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) -> list[dict]:
     from soar.generation import HFGenerator, SamplingParams
-    from soar.worlds.arith import carries_of, lsb
+    from soar.worlds.arith import carries_of, oracle_answer, parse_question
     from teachers.parse import Pair, parse_pair
 
     outs = HFGenerator(model, tok, batch_size=512).generate(
         [wcfg.teacher_prompt], SamplingParams(n=count, temperature=1.0, max_tokens=max_tokens, seed=seed))[0]
     rows, d = [], wcfg.digits
-    pattern = re.compile(rf"^(\d{{{d}}})\+(\d{{{d}}})$")
     for s in outs:
         parsed = parse_pair(s.text, answer_ok=lambda a: re.fullmatch(r"-?\d+", a) is not None)
         row = {"text": s.text, "valid": isinstance(parsed, Pair), "reason": None if isinstance(parsed, Pair) else parsed.reason}
         if isinstance(parsed, Pair):
             row.update(question=parsed.question, answer=parsed.answer)
-            m = pattern.match(parsed.question)
-            if m:
-                a, b = int(m.group(1)[::-1]), int(m.group(2)[::-1])
-                row.update(well_formed=True, carries=carries_of(a, b, d), answer_correct=parsed.answer == lsb(a + b, d + 1))
+            q = parse_question(parsed.question)
+            if q is not None and q[2] == d:
+                row.update(well_formed=True, carries=carries_of(*q), answer_correct=parsed.answer == oracle_answer(parsed.question))
             else:
                 row.update(well_formed=False, carries=None, answer_correct=False)
         rows.append(row)
@@ -97,11 +95,12 @@ def main() -> None:
 
     import soar
     from filters.failk import run_filter
-    from soar.data import load_problems, render_prompt
-    from soar.generation import HFGenerator, SamplingParams
+    from soar.data import load_problems
+    from soar.generation import HFGenerator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer, set_threads
     from soar.worlds.arith import family_problems, pretrain, world_config, write_families
+    from students.trainer import correctness
 
     overrides = ["data=arith", "data.path=unused", "student=arith", *args.overrides]
     cfg = soar.compose(overrides + [f"filter.k={args.k}", "filter.max_tokens=24", "filter.problems_per_batch=4"])
@@ -120,9 +119,7 @@ def main() -> None:
     gen = HFGenerator(model, tok, batch_size=512)
 
     def greedy(problems):
-        outs = gen.generate([render_prompt(cfg.data.prompt_template, p.question) for p in problems],
-                            SamplingParams(greedy=True, max_tokens=24))
-        return [g.correct for g in grader.grade_batch([o[0].text for o in outs], [p.answer for p in problems])]
+        return correctness(gen, grader, problems, cfg.data.prompt_template, max_tokens=24)
 
     # 1. base accuracy by difficulty
     profile = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import open_dict
 
 from soar.config import ConfigError, load_callable
-from soar.data import Problem, load_problems, render_prompt
+from soar.data import Problem, load_problems
 
 log = logging.getLogger("soar.prepare")
 
@@ -35,9 +35,7 @@ def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> Ha
     if cfg.loop.hard_set:
         folder = Path(cfg.loop.hard_set).expanduser()
     else:
-        from filters.failk import run_filter
-        from soar.grading import make_grader
-        from soar.models import check_context, model_context, model_fingerprint
+        from filters.failk import filter_to_hard_set
 
         folder = run_path / "hard_set"
         folder.mkdir(parents=True, exist_ok=True)
@@ -45,13 +43,7 @@ def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> Ha
             path = cfg.data.path
             if not path:
                 path = load_callable(cfg.data.build, "data.build")(cfg, run_path / "problems")
-            pool = load_problems(cfg.data, str(path))
-            check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in pool],
-                          cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
-            from soar.generation import make_generator
-
-            run_filter(pool, make_generator(cfg.backend, model, tokenizer), make_grader(cfg.data.grader), cfg,
-                       folder, {"model": model_fingerprint(cfg.model)}, progress=progress)
+            filter_to_hard_set(cfg, load_problems(cfg.data, str(path)), model, tokenizer, folder, progress)
     files = {split: folder / f"hard_{split}.jsonl" for split in ("train", "test")}
     for split, f in files.items():
         if not f.exists():

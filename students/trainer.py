@@ -39,11 +39,11 @@ def batch_indices(n_items: int, step: int, per_step: int, seed: int) -> list[int
 
 
 def correctness(generator, grader, problems, template: str, max_tokens: int, stop=(), samples: int = 0,
-                seed: int = 0) -> list[float]:
+                seed: int = 0, temperature: float = 1.0) -> list[float]:
     """Per problem: greedy correctness (``samples`` 0, the paper's Acc) or the fraction of
-    ``samples`` T=1 samples that are correct (a lower-variance alternative)."""
+    ``samples`` samples at ``temperature`` that are correct (a lower-variance alternative)."""
     prompts = [render_prompt(template, p.question) for p in problems]
-    params = SamplingParams(n=max(samples, 1), greedy=samples == 0, temperature=1.0, max_tokens=max_tokens,
+    params = SamplingParams(n=max(samples, 1), greedy=samples == 0, temperature=temperature, max_tokens=max_tokens,
                             stop=tuple(stop), seed=seed)
     outs = generator.generate(prompts, params)
     grades = grader.grade_batch([s.text for o in outs for s in o], [p.answer for p, o in zip(problems, outs) for _ in o])

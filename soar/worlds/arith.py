@@ -162,17 +162,13 @@ def world_dir(wcfg: ArithWorldConfig, seed: int) -> Path:
 def accuracy(model, tokenizer, problems: list[Problem], template: str, temperature: float = 0.0,
              samples: int = 1, seed: int = 0) -> float:
     """Student accuracy on ``problems``: greedy (``temperature`` 0) or mean over sampled answers."""
-    from soar.generation import HFGenerator, SamplingParams
+    from soar.generation import HFGenerator
     from soar.grading import make_grader
+    from students.trainer import correctness
 
-    greedy = temperature == 0
-    params = SamplingParams(n=1 if greedy else samples, greedy=greedy, temperature=temperature or 1.0,
-                            max_tokens=len(problems[0].answer) + 10, seed=seed)
-    outs = HFGenerator(model, tokenizer, batch_size=1024).generate(
-        [render_prompt(template, p.question) for p in problems], params)
-    texts = [s.text for o in outs for s in o]
-    golds = [p.answer for p, o in zip(problems, outs) for _ in o]
-    return float(np.mean([g.correct for g in make_grader("integer").grade_batch(texts, golds)]))
+    return float(np.mean(correctness(HFGenerator(model, tokenizer, batch_size=1024), make_grader("integer"), problems,
+                                     template, len(problems[0].answer) + 10, samples=0 if temperature == 0 else samples,
+                                     seed=seed, temperature=temperature or 1.0)))
 
 
 def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
@@ -302,13 +298,18 @@ def write_families(wcfg: ArithWorldConfig, seed: int, out: Path) -> dict[str, Pa
     return paths
 
 
-def oracle_answer(question: str) -> str | None:
-    """The exact answer to a world question (``loop.answer_oracle``); None if it is not one."""
+def parse_question(question: str) -> tuple[int, int, int] | None:
+    """``(a, b, digits)`` of a world question (two equal-length least-significant-first numbers)."""
     m = re.fullmatch(r"(\d+)\+(\d+)", question)
     if m is None or len(m.group(1)) != len(m.group(2)):
         return None
-    digits = len(m.group(1))
-    return lsb(int(m.group(1)[::-1]) + int(m.group(2)[::-1]), digits + 1)
+    return int(m.group(1)[::-1]), int(m.group(2)[::-1]), len(m.group(1))
+
+
+def oracle_answer(question: str) -> str | None:
+    """The exact answer to a world question (``loop.answer_oracle``); None if it is not one."""
+    parsed = parse_question(question)
+    return None if parsed is None else lsb(parsed[0] + parsed[1], parsed[2] + 1)
 
 
 def build_model(cfg) -> Path:
