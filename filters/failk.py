@@ -162,7 +162,9 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
     for name, recs in splits.items():
         write_jsonl(out_dir / f"hard_{name}.jsonl", recs)
     features = datasets.Features({k: datasets.Value("string") for k in ("id", "question", "answer", "source", "meta", "provenance")})
-    datasets.DatasetDict({k: datasets.Dataset.from_list(v, features=features) for k, v in splits.items()}).save_to_disk(
+    # from_dict, not from_list: datasets 5.2 drops the features of an empty list (an empty split)
+    datasets.DatasetDict({k: datasets.Dataset.from_dict({c: [r[c] for r in v] for c in features}, features=features)
+                          for k, v in splits.items()}).save_to_disk(
         str(out_dir / "hard_set"))
     summary = {
         "problems": len(problems), "bands": counts, "hard": len(hard_ids),
@@ -186,7 +188,7 @@ def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress:
 
     check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
                   cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
-    return run_filter(problems, make_generator(cfg.backend, model, tokenizer), make_grader(cfg.data.grader), cfg,
+    return run_filter(problems, make_generator(cfg, "filter", model, tokenizer, pristine=True), make_grader(cfg.data.grader), cfg,
                       out_dir, {"model": model_fingerprint(cfg.model)}, progress=progress)
 
 

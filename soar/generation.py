@@ -1,8 +1,11 @@
 """One generation interface for every role (filter, student rollouts, evaluation, teacher).
 
-``Generator.generate(prompts, params)`` returns, per prompt, ``params.n`` ``Sample``s. The ``hf``
-backend wraps ``transformers`` ``generate`` (batched, KV cache, left padding) around a live model,
-so a trainer samples from the weights it is updating without any copy or sync.
+``Generator.generate(prompts, params)`` returns, per prompt, ``params.n`` ``Sample``s;
+``sync_weights(model)`` says which weights to serve next. The ``hf`` backend wraps ``transformers``
+``generate`` (batched, KV cache, left padding) around a live model, so a trainer samples from the
+weights it is updating without any copy. The ``vllm`` backend (``soar.vllm_backend``) pushes the
+weights into a shared engine when they changed. ``make_generator(cfg.backend, role, ...)`` picks
+the backend per role (``backend.filter``, ``backend.teacher``, ``backend.student``, ``backend.eval``).
 """
 
 from __future__ import annotations
@@ -46,12 +49,18 @@ class Sample:
 class Generator(Protocol):
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]: ...
 
+    def sync_weights(self, model) -> None:
+        """Generate from ``model``'s current weights from now on (after an update, or another model)."""
+
 
 class HFGenerator:
     """Batched ``model.generate`` on a live (possibly peft-wrapped) model."""
 
     def __init__(self, model, tokenizer, batch_size: int = 256):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+
+    def sync_weights(self, model) -> None:
+        self.model = model  # generate reads the live weights: nothing to copy
 
     @torch.no_grad()
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
@@ -114,13 +123,27 @@ class HFGenerator:
         return samples
 
 
-def resolve_backend(name: str) -> str:
-    """``auto`` picks ``hf`` for now: the vLLM backend is not part of this release yet."""
-    if name in ("auto", "hf"):
-        return "hf"
-    raise NotImplementedError(f"backend {name!r} is not available in this version; use backend=hf")
+def resolve_backend(backend_cfg, role: str) -> str:
+    """The backend of ``role`` (``filter``, ``teacher``, ``student``, ``eval``): its own setting or
+    ``backend.name``; ``auto`` is ``vllm`` when vLLM is importable, else ``hf``."""
+    name = getattr(backend_cfg, role, None) or backend_cfg.name
+    if name == "auto":
+        import importlib.util
+
+        name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if name not in ("hf", "vllm"):
+        raise ValueError(f"backend.{role}: unknown backend {name!r} (hf | vllm | auto)")
+    return name
 
 
-def make_generator(backend_cfg, model, tokenizer) -> Generator:
-    resolve_backend(backend_cfg.name)
-    return HFGenerator(model, tokenizer, batch_size=backend_cfg.batch_size)
+def make_generator(cfg, role: str, model, tokenizer, pristine: bool = False) -> Generator:
+    """The generator of ``role`` serving ``model``'s weights (None: set later with ``sync_weights``).
+    ``vllm`` starts (or reuses) the engine of ``cfg.model.path``, the run's base checkpoint: every
+    policy of a run shares its architecture, and their weights are pushed in, unless ``pristine``
+    says ``model`` holds exactly the checkpoint's weights (the engine then serves its own copy)."""
+    if resolve_backend(cfg.backend, role) == "hf":
+        return HFGenerator(model, tokenizer, batch_size=cfg.backend.batch_size)
+    from soar.vllm_backend import VLLMGenerator, engine_for
+
+    engine = engine_for(cfg.model.path, cfg.backend.vllm, cfg.model.max_context, cfg.seed)
+    return VLLMGenerator(engine, None if pristine else model, tokenizer)

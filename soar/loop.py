@@ -62,6 +62,7 @@ class Loop:
 
     def __init__(self, cfg, run, tokenizer, base_model, hard):
         from soar.diversity import DiversityMeter
+        from soar.generation import make_generator
         from soar.grading import make_grader
         from soar.models import model_context
         from students.promotion import PromotionPolicy
@@ -74,6 +75,7 @@ class Loop:
         self.teacher = TeacherPolicy(cfg, copy.deepcopy(base_model), tokenizer, self.grader, self.template,
                                      model_context(base_model, cfg.model))
         self.reward_fn = make_teacher_reward(cfg, tokenizer, self.grader, self.template)
+        self.eval_gen = make_generator(cfg, "eval", base_model, tokenizer)
         self.state = LoopState(inner_steps=cfg.student.max_steps)
         self.baseline = base_model
         if run.resume_from is not None:
@@ -94,11 +96,11 @@ class Loop:
 
     # ---- helpers ------------------------------------------------------------------------------
     def correctness(self, model, problems, seed_label) -> list[float]:
-        from soar.generation import HFGenerator
         from students.trainer import correctness
 
         s = self.cfg.student
-        return correctness(HFGenerator(model, self.tokenizer, self.cfg.backend.batch_size), self.grader, problems,
+        self.eval_gen.sync_weights(model)
+        return correctness(self.eval_gen, self.grader, problems,
                            self.template, s.eval_max_tokens or s.max_tokens, tuple(s.stop),
                            self.cfg.inner.accuracy_samples, derive_seed(self.cfg.seed, "baseline_eval", seed_label))
 
@@ -207,7 +209,7 @@ class Loop:
             from soar.generation import SamplingParams
 
             few = qr[: self.cfg.loop.dump_completions]
-            outs = best.trainer.generator.generate([render_prompt(self.template, p.question) for p in few],
+            outs = best.trainer.sampler().generate([render_prompt(self.template, p.question) for p in few],
                                                    SamplingParams(greedy=True, max_tokens=self.cfg.student.max_tokens))
             completions = [{"question": p.question, "gold": p.answer, "completion": o[0].text} for p, o in zip(few, outs)]
         out = self.run.path / "steps"

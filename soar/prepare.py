@@ -1,9 +1,11 @@
 """Everything ``soar-train`` needs before the outer loop: the base model (downloaded, local, or built
 by ``model.build``), the question pool (``data.path`` or ``data.build``), and the fail@k hard set
-(``loop.hard_set``, or built in ``<run>/hard_set`` with the resumable filter)."""
+(``loop.hard_set``: a hard-set folder, a fail@k manifest or a JSONL; or built in ``<run>/hard_set``
+with the resumable filter)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 from omegaconf import open_dict
 
 from soar.config import ConfigError, load_callable
-from soar.data import Problem, load_problems
+from soar.data import Problem, load_problem_records, load_problems, write_jsonl
 
 log = logging.getLogger("soar.prepare")
 
@@ -33,7 +35,7 @@ def resolve_model_path(cfg) -> None:
 
 def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> HardSet:
     if cfg.loop.hard_set:
-        folder = Path(cfg.loop.hard_set).expanduser()
+        train, test, source = given_hard_set(cfg, run_path)
     else:
         from filters.failk import filter_to_hard_set
 
@@ -44,13 +46,77 @@ def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> Ha
             if not path:
                 path = load_callable(cfg.data.build, "data.build")(cfg, run_path / "problems")
             filter_to_hard_set(cfg, load_problems(cfg.data, str(path)), model, tokenizer, folder, progress)
-    files = {split: folder / f"hard_{split}.jsonl" for split in ("train", "test")}
-    for split, f in files.items():
-        if not f.exists():
-            raise ConfigError(f"config error: loop.hard_set: {f} is missing (expected hard_train.jsonl and hard_test.jsonl)")
-    train, test = (load_problems(cfg.data, str(files[s])) for s in ("train", "test"))
+        train, test = (load_problem_records(cfg.data, folder / f"hard_{s}.jsonl") for s in ("train", "test"))
+        source = str(folder)
     if cfg.inner.reward_questions > len(train):
         raise ConfigError(f"config error: inner.reward_questions: M={cfg.inner.reward_questions} is larger than the "
-                          f"hard train split ({len(train)} problems in {files['train']})")
-    log.info("hard set from %s: %d train / %d test", folder, len(train), len(test))
-    return HardSet(train, test, str(folder))
+                          f"hard train split ({len(train)} problems in {source})")
+    log.info("hard set from %s: %d train / %d test", source, len(train), len(test))
+    return HardSet(train, test, source)
+
+
+def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], list[Problem], str]:
+    """``loop.hard_set`` as (train, test, source): a folder with ``hard_{train,test}.jsonl``; a fail@k
+    manifest (a ``manifest.jsonl`` or a folder with only one), whose 0-pass ids are taken from
+    ``data``; or a JSONL of problems with or without a ``split`` column. Without given splits the
+    ids are split like ``soar-filter`` does; that split is written to ``<run>/hard_set`` for the record."""
+    from filters.failk import split_hard
+
+    given = Path(cfg.loop.hard_set).expanduser()
+    files = {s: given / f"hard_{s}.jsonl" for s in ("train", "test")}
+    if given.is_dir() and all(f.exists() for f in files.values()):
+        train, test = (load_problem_records(cfg.data, files[s]) for s in ("train", "test"))
+        return train, test, str(given)
+    if given.is_dir() and (given / "manifest.jsonl").exists():
+        given = given / "manifest.jsonl"
+    if not given.is_file():
+        raise ConfigError(f"config error: loop.hard_set: {given} holds neither hard_train.jsonl and hard_test.jsonl "
+                          "nor a manifest.jsonl")
+    manifest = _read_manifest(given)
+    if manifest is not None:
+        if not cfg.data.path:
+            raise ConfigError(f"config error: data.path: loop.hard_set={given} is a fail@k manifest; its problems come "
+                              "from data (e.g. data=math)")
+        pool = {p.id: p for p in load_problems(cfg.data)}
+        hard_ids = [pid for pid, row in manifest.items() if row["passes"] == 0]
+        missing = [pid for pid in hard_ids if pid not in pool]
+        if missing:
+            raise ConfigError(f"config error: loop.hard_set: {len(missing)} ids of {given} are not in data "
+                              f"({cfg.data.path}), e.g. {missing[:3]}")
+        problems = [pool[pid] for pid in hard_ids]
+    else:
+        problems = load_problem_records(cfg.data, given)
+    splits = {p.id: p.meta.get("split") for p in problems}
+    if any(v is not None for v in splits.values()):
+        odd = [pid for pid, v in splits.items() if v not in ("train", "test")]
+        if odd:
+            raise ConfigError(f"config error: loop.hard_set: {given}: field 'split' of id {odd[0]!r} is "
+                              f"{splits[odd[0]]!r} (expected train or test in every row)")
+        train_ids, test_ids = ([pid for pid, v in splits.items() if v == s] for s in ("train", "test"))
+    else:
+        train_ids, test_ids = split_hard(list(splits), cfg.filter.test_frac, cfg.seed)
+    by_id = {p.id: p for p in problems}
+    train, test = [by_id[i] for i in train_ids], [by_id[i] for i in test_ids]
+    if run_path is not None:
+        folder = run_path / "hard_set"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, split in (("train", train), ("test", test)):
+            write_jsonl(folder / f"hard_{name}.jsonl", [{**p.to_dict(), "meta": json.dumps(p.meta)} for p in split])
+    return train, test, str(given)
+
+
+def _read_manifest(path: Path) -> dict[str, dict] | None:
+    """A fail@k manifest's rows by id (a cut last line is ignored), or None if ``path`` is not one."""
+    rows = {}
+    lines = path.read_text().splitlines()
+    for n, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines) - 1:
+                break
+            raise ConfigError(f"config error: loop.hard_set: {path}: line {n + 1} is not JSON") from None
+        if not isinstance(row, dict) or not {"id", "passes", "outcomes"} <= row.keys():
+            return None
+        rows[str(row["id"])] = row
+    return rows

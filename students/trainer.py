@@ -62,7 +62,7 @@ class RLOOTrainer:
     """Owns a policy (full model or peft LoRA), its reference, optimiser and schedule."""
 
     def __init__(self, model, tokenizer, grader, student_cfg, prompt_template: str, seed: int,
-                 ref_model=None, batch_size: int = 256, role: str = "student"):
+                 ref_model=None, batch_size: int = 256, role: str = "student", generator=None):
         from transformers import get_scheduler
 
         self.cfg, self.tokenizer, self.grader, self.role = student_cfg, tokenizer, grader, role
@@ -87,10 +87,18 @@ class RLOOTrainer:
             "cosine_with_min_lr", self.optimizer, num_warmup_steps=student_cfg.warmup_steps,
             num_training_steps=student_cfg.max_steps,
             scheduler_specific_kwargs={"min_lr_rate": student_cfg.min_lr_ratio})
-        self.generator = HFGenerator(self.model, tokenizer, batch_size=batch_size)
+        # Rollouts: the given generator (e.g. a shared vLLM one) re-targeted at this policy, or HF.
+        self.generator = generator or HFGenerator(self.model, tokenizer, batch_size=batch_size)
         self.step_count = 0
         self.version = 0  # bumps on every optimiser step; keys the evaluation cache
         self._eval_cache: dict[tuple[int, str], list[bool]] = {}
+
+    def sampler(self, generator=None):
+        """``generator`` (default: the rollout one), pointed at this policy's current weights; a
+        generator may be shared by many trainers (e.g. one vLLM engine for all students)."""
+        generator = generator or self.generator
+        generator.sync_weights(self.model)
+        return generator
 
     # ---- one RLOO step ------------------------------------------------------------------------
     def step(self, problems) -> StepResult:
@@ -98,7 +106,7 @@ class RLOOTrainer:
         prompts = [render_prompt(self.template, p.question) for p in problems]
         params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                                 seed=derive_seed(self.seed, "rollout", self.step_count), stop=tuple(cfg.stop))
-        samples_QG = self.generator.generate(prompts, params)
+        samples_QG = self.sampler().generate(prompts, params)
         t_sample = time.perf_counter()
         texts = [s.text for group in samples_QG for s in group]
         golds = [p.answer for p in problems for _ in range(cfg.group_size)]
@@ -190,12 +198,14 @@ class RLOOTrainer:
         raise ValueError("kl_coef > 0 needs a reference model (full fine-tuning) or LoRA")
 
     # ---- evaluation ---------------------------------------------------------------------------
-    def evaluate(self, problems, max_tokens: int | None = None, samples: int = 0, seed: int = 0) -> list[float]:
-        """Correctness per problem (greedy, or mean over ``samples`` samples), cached per model version."""
+    def evaluate(self, problems, max_tokens: int | None = None, samples: int = 0, seed: int = 0,
+                 generator=None) -> list[float]:
+        """Correctness per problem (greedy, or mean over ``samples`` samples), cached per model version;
+        ``generator`` (the eval role's) serves the current weights, else the rollout generator."""
         key_src = "\x00".join(f"{p.id}\x01{p.question}\x01{p.answer}" for p in problems)
         key = (self.version, hashlib.sha256(f"{max_tokens}\x02{samples}\x02{seed}\x02{key_src}".encode()).hexdigest())
         if key not in self._eval_cache:
-            self._eval_cache[key] = correctness(self.generator, self.grader, problems, self.template,
+            self._eval_cache[key] = correctness(self.sampler(generator), self.grader, problems, self.template,
                                                 max_tokens or self.cfg.max_tokens, tuple(self.cfg.stop), samples, seed)
         return self._eval_cache[key]
 
@@ -243,21 +253,23 @@ class StudentResult:
 
 
 def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_template: str, seed: int,
-                  eval_sets: dict | None = None, eval_samples: int = 0, batch_size: int = 256) -> StudentResult:
+                  eval_sets: dict | None = None, eval_samples: int = 0, batch_size: int = 256,
+                  rollout_generator=None, eval_generator=None) -> StudentResult:
     """One inner loop: a copy of ``baseline`` trained ``max_steps`` RLOO steps on ``problems``
     (fresh optimiser, KL to the baseline), then evaluated on each of ``eval_sets`` (greedy, or
-    ``eval_samples`` samples per question)."""
+    ``eval_samples`` samples per question). Generators default to HF on the student's weights."""
     import copy
 
     model = copy.deepcopy(baseline)
     ref = copy.deepcopy(baseline) if student_cfg.lora.r == 0 and student_cfg.kl_coef > 0 else None
     trainer = RLOOTrainer(model, tokenizer, grader, student_cfg, prompt_template, seed, ref_model=ref,
-                          batch_size=batch_size)
+                          batch_size=batch_size, generator=rollout_generator)
     history = []
     for step in range(student_cfg.max_steps):
         batch = [problems[i] for i in batch_indices(len(problems), step, student_cfg.questions_per_step, seed)]
         history.append(trainer.step(batch).metrics)
-    correct = {name: trainer.evaluate(probs, student_cfg.eval_max_tokens, eval_samples, derive_seed(seed, "eval"))
+    correct = {name: trainer.evaluate(probs, student_cfg.eval_max_tokens, eval_samples, derive_seed(seed, "eval"),
+                                      eval_generator)
                for name, probs in (eval_sets or {}).items()}
     return StudentResult(correct, {k: float(np.mean(v)) for k, v in correct.items()}, history, trainer)
 

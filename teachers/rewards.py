@@ -51,7 +51,11 @@ def as_problems(rollouts, step: int, group: int, k: int) -> list[Problem]:
 
 class GroundedReward:
     def __init__(self, cfg, tokenizer, grader, template: str):
+        from soar.generation import make_generator
+
         self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
+        self.rollout_gen = make_generator(cfg, "student", None, tokenizer)
+        self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
 
     def __call__(self, datasets_K: list[list[Problem]], baseline, reward_questions: list[Problem],
                  base_acc: float, step: int, group: int, inner_steps: int, progress=None) -> GroupRewards:
@@ -64,7 +68,7 @@ class GroundedReward:
             for j in range(cfg.inner.replicates):
                 res = train_student(baseline, self.tokenizer, self.grader, dataset, student_cfg, self.template,
                                     derive_seed(cfg.seed, "student", step, group, k, j), {"qr": reward_questions},
-                                    cfg.inner.accuracy_samples, cfg.backend.batch_size)
+                                    cfg.inner.accuracy_samples, cfg.backend.batch_size, self.rollout_gen, self.eval_gen)
                 rewards_KR[k, j] = res.accuracy["qr"] - base_acc
                 maybe_die("student", step)
                 row.append(res)
@@ -83,14 +87,15 @@ class GroundedReward:
 
 class IntrinsicReward:
     def __init__(self, cfg, tokenizer, grader, template: str):
+        from soar.generation import make_generator
+
         self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
+        self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
 
     def __call__(self, datasets_K, baseline, reward_questions, base_acc, step, group, inner_steps,
                  progress=None) -> GroupRewards:
-        from soar.generation import HFGenerator
-
-        cfg = self.cfg
-        gen = HFGenerator(baseline, self.tokenizer, cfg.backend.batch_size)
+        cfg, gen = self.cfg, self.eval_gen
+        gen.sync_weights(baseline)
         rewards_K, rates = [], []
         for k, dataset in enumerate(datasets_K):
             s = correctness(gen, self.grader, dataset, self.template, cfg.student.max_tokens, tuple(cfg.student.stop),

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from soar.data import render_prompt
-from soar.generation import SamplingParams
+from soar.generation import SamplingParams, make_generator
 from students.rloo import rloo_advantages
 from students.trainer import RLOOTrainer
 from teachers.parse import Reject, parse_pair
@@ -33,7 +33,8 @@ class TeacherPolicy:
         ref = copy.deepcopy(model) if t.lora.r == 0 and t.kl_coef > 0 else None
         self.cfg, self.tokenizer, self.grader = cfg, tokenizer, grader
         self.trainer = RLOOTrainer(model, tokenizer, grader, t, "{question}", cfg.seed, ref_model=ref,
-                                   batch_size=cfg.backend.batch_size, role="teacher")
+                                   batch_size=cfg.backend.batch_size, role="teacher",
+                                   generator=make_generator(cfg, "teacher", None, tokenizer))
         self.fmt = TeacherFormat(t.question_tag, t.answer_tag)
         self.student_template, self.student_context = student_template, student_context
         self.prompt_ids = tokenizer(t.prompt, add_special_tokens=False).input_ids
@@ -53,7 +54,7 @@ class TeacherPolicy:
         per_group = t.datasets * t.questions_per_dataset
         count = per_group * t.groups_per_step
         params = SamplingParams(temperature=t.temperature, max_tokens=t.max_tokens, stop=tuple(t.stop))
-        rollouts, metrics = sample_valid(self.trainer.generator, t.prompt, count, params, self.parse,
+        rollouts, metrics = sample_valid(self.trainer.sampler(), t.prompt, count, params, self.parse,
                                          t.sample_batch or count, int(t.max_attempts_factor * count), self.cfg.seed, step)
         n = t.questions_per_dataset
         groups = [[rollouts[g * per_group + k * n: g * per_group + (k + 1) * n] for k in range(t.datasets)]

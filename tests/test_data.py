@@ -1,19 +1,16 @@
 """Question loading: formats, bad rows named by file/row/field, skip vs error."""
 
 import json
-from types import SimpleNamespace
-
 import pytest
 
+from soar.config import DataConfig
 from soar.data import DataError, load_problems
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def data_cfg(path, **kw):
-    base = dict(name="t", path=str(path), split="train", problem_key="question", answer_key="answer",
-                id_key="id", limit=None, on_bad_row="skip")
-    return SimpleNamespace(**{**base, **kw})
+    return DataConfig(**{"name": "t", "path": str(path), **kw})  # the schema's defaults otherwise
 
 
 def write(path, rows):

@@ -26,7 +26,7 @@ def filter_questions(tmp_path_factory):
 
 def filter_args(model, data, run_dir, k=16, extra=()):
     return [script("soar-filter"), f"model={model}", *arith_data(data), f"filter.k={k}",
-            "filter.max_tokens=24", "run.threads=1", "run.progress=false", f"run.dir={run_dir}", *extra]
+            "filter.max_tokens=24", "backend=hf", "run.threads=1", "run.progress=false", f"run.dir={run_dir}", *extra]
 
 
 def manifest_rows(run_dir):

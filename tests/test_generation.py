@@ -67,7 +67,14 @@ def test_greedy_with_n_gt_1_is_rejected(gen):
         gen.generate(PROMPTS, SamplingParams(greedy=True, n=2))
 
 
-def test_backend_resolution():
-    assert resolve_backend("auto") == "hf"
-    with pytest.raises(NotImplementedError, match="backend=hf"):
-        resolve_backend("vllm")
+def test_backend_resolution_per_role():
+    import importlib.util
+
+    import soar
+
+    cfg = soar.compose(["backend=auto", "backend.teacher=hf", "backend.eval=vllm"])
+    auto = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    assert [resolve_backend(cfg.backend, r) for r in ("filter", "teacher", "student", "eval")] == [auto, "hf", "hf", "vllm"]
+    cfg.backend.filter = "tpu"
+    with pytest.raises(ValueError, match="backend.filter"):
+        resolve_backend(cfg.backend, "filter")

