@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 from soar.config import ConfigError, conf_dir, register_configs
 
@@ -39,6 +40,8 @@ def _entry(stage_fn) -> None:
     from soar.rundata import RunDataError
 
     register_configs()
+    # conf/hydra/launcher/submitit_slurm.yaml lists every field of the plugin's schema of that name
+    warnings.filterwarnings("ignore", message="(?s).*is validated against ConfigStore schema", category=UserWarning)
     sys.argv = [sys.argv[0], *rewrite_shortcuts(sys.argv[1:])]
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")

@@ -128,6 +128,14 @@ class GradingStats:
                 self.errors[grade.error] = self.errors.get(grade.error, 0) + 1
                 self.gold_unparseable += grade.error == "gold_unparseable"
 
+    def add(self, other: "GradingStats") -> None:
+        """Fold in counts graded elsewhere (a ``students.pool`` worker)."""
+        with _STATS_LOCK:
+            for name in ("graded", "correct", "no_box", "partial", "gold_unparseable", "pred_unparseable"):
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+            for kind, count in other.errors.items():
+                self.errors[kind] = self.errors.get(kind, 0) + count
+
     @property
     def error_rate(self) -> float:
         return sum(self.errors.values()) / self.graded if self.graded else 0.0

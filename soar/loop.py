@@ -250,11 +250,13 @@ def run_train(cfg) -> dict:
     from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
     from soar.prepare import hard_set, resolve_model_path
     from soar.run import MetricsLogger, RunDir
+    from soar.signals import StopRequest
 
     validate(cfg, "train")
     set_threads(cfg.run.threads)
     resolve_model_path(cfg)
     run = RunDir(cfg, "train")
+    stop = StopRequest.install()  # SIGTERM/SIGUSR1: checkpoint at the next step boundary, exit 75
     try:
         tokenizer, base = load_tokenizer(cfg.model), load_model(cfg.model)
         hard = hard_set(cfg, run.path, base, tokenizer, cfg.run.progress)
@@ -269,6 +271,8 @@ def run_train(cfg) -> dict:
         bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
                    disable=not cfg.run.progress)
         for t in range(loop.state.step, cfg.loop.steps):
+            if stop.requested:
+                break
             metrics = loop.step(t, bar)
             metrics_log.log(t + 1, metrics)  # before the checkpoint: a resume truncates rows past it
             loop.checkpoint()
@@ -276,6 +280,7 @@ def run_train(cfg) -> dict:
                             promotions=len(loop.state.promotions))
         bar.close()
         loop.reward_fn.close()
+        stop.exit_if_requested(loop.state.step, cfg.loop.steps)
         summary = {"steps": loop.state.step, "promotions": loop.state.promotions, "pq_size": len(loop.state.pq),
                    "hard_set": hard.source, "run_dir": str(run.path)}
         (run.path / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -283,4 +288,5 @@ def run_train(cfg) -> dict:
         print(json.dumps({k: summary[k] for k in ("steps", "pq_size", "run_dir")} | {"promotions": len(summary["promotions"])}))
         return summary
     finally:
+        stop.restore()
         run.close()

@@ -17,9 +17,6 @@ import numpy as np
 
 from soar.rundata import RunData, read_json, read_run
 
-TOKEN_NOTE = ("student tokens per sample = compute/student_tokens / (compute/student_steps x "
-              "student.questions_per_step x student.group_size)")
-
 
 def series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of a metric over the rows that have it (None values skipped)."""
@@ -29,7 +26,7 @@ def series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def run_series(run: RunData) -> dict:
     """Every per-step series the report plots for one training run."""
-    m, cfg = run.metrics, run.config
+    m = run.metrics
     out = {name: series(m, key) for name, key in {
         "reward": "teacher/reward_mean", "reward_max": "teacher/reward_max",
         "moving_average": "promotion/moving_average", "valid_frac": "teacher/valid_frac",
@@ -44,10 +41,9 @@ def run_series(run: RunData) -> dict:
     steps = [r["step"] for r in m]  # a phase absent from a step (e.g. promotion) took 0 s there
     out["time"] = {k.removeprefix("time/").removesuffix("_s"): (steps, [float(r.get(k, 0.0)) for r in m])
                    for k in time_keys}
-    per_step = cfg.student.questions_per_step * cfg.student.group_size
-    student = [(r["step"], r["compute/student_tokens"] / (r["compute/student_steps"] * per_step))
-               for r in m if r.get("compute/student_steps")]
-    out["student_tokens_per_sample"] = ([s for s, _ in student], [v for _, v in student])
+    out["student_tokens_per_sample"] = series(m, "student/inner_completion_tokens_mean")
+    out["inner_reward_by_step"] = [(r["step"], r["student/inner_reward_by_step"]) for r in m
+                                   if r.get("student/inner_reward_by_step")]
     out["promotion_steps"] = [p["step"] for p in run.promotions]
     out["replicate_rewards"] = [(d["step"], [ds["replicate_rewards"] for ds in d["datasets"]]) for d in run.steps]
     return out
@@ -133,13 +129,18 @@ def plot_training(runs: list[RunData], data: dict, out: Path) -> list[str]:
         ax.legend(fontsize=7)
         _save(fig, out, "answer_correct.png", figures)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))  # inner-loop students
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))  # inner-loop students
     _plot_runs(axes[0], runs, data, "inner_reward")
     axes[0].set(xlabel="outer step", ylabel="shaped reward", title="Inner-loop student reward (mean over steps)")
-    _plot_runs(axes[1], runs, data, "inner_accuracy", "inner accuracy")
-    _plot_runs(axes[1], runs, data, "base_acc_qr", "baseline acc on Q_R", ls="--")
-    _plot_runs(axes[1], runs, data, "baseline_hard_train_acc", "baseline hard-train acc", ls=":")
-    axes[1].set(xlabel="outer step", ylabel="accuracy", title="Students")
+    curves = data[runs[0].run_id]["inner_reward_by_step"]  # one learning curve per outer step, first run
+    for i, (step, curve) in enumerate(curves):
+        axes[1].plot(range(1, len(curve) + 1), curve, color=plt.cm.viridis(i / max(len(curves) - 1, 1)),
+                     label=f"outer step {step}" if i in (0, len(curves) - 1) else None)
+    axes[1].set(xlabel="inner step", ylabel="shaped reward", title=f"Inner-loop curves ({runs[0].run_id})")
+    _plot_runs(axes[2], runs, data, "inner_accuracy", "inner accuracy")
+    _plot_runs(axes[2], runs, data, "base_acc_qr", "baseline acc on Q_R", ls="--")
+    _plot_runs(axes[2], runs, data, "baseline_hard_train_acc", "baseline hard-train acc", ls=":")
+    axes[2].set(xlabel="outer step", ylabel="accuracy", title="Students")
     for ax in axes:
         ax.legend(fontsize=7)
     _save(fig, out, "students.png", figures)
@@ -239,7 +240,7 @@ def build_report(run_dirs, eval_dirs=(), out: str | Path | None = None, diversit
     md = ["# SOAR report\n\n"]
     if runs:
         md += ["## Training runs\n\n", run_table(runs),
-               f"\nτ = {runs[0].config.promotion.tau}, window {runs[0].config.promotion.window}. {TOKEN_NOTE}.\n"]
+               f"\nτ = {runs[0].config.promotion.tau}, window {runs[0].config.promotion.window}.\n"]
         md += [f"\n### {name.removesuffix('.png').replace('_', ' ')}\n\n![{name}]({name})\n" for name in figures]
     if eval_dirs:
         evals = [read_json(Path(d) / "eval.json") for d in eval_dirs]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -226,18 +227,33 @@ class RLOOTrainer:
 
     def export_model(self):
         """A standalone copy of the current policy (LoRA merged into a copy of the base)."""
-        import copy
-
-        if self.cfg.lora.r > 0:
-            return copy.deepcopy(self.model).merge_and_unload()
-        return copy.deepcopy(self.model)
+        return export_policy(self.model)
 
     def save_pretrained(self, out_dir) -> None:
         """HF-format model (LoRA merged into a copy) plus the adapter itself when LoRA was used."""
-        if self.cfg.lora.r > 0:
-            self.model.save_pretrained(str(out_dir) + "/adapter")
-        self.export_model().save_pretrained(out_dir)
-        self.tokenizer.save_pretrained(out_dir)
+        save_policy(self.model, self.tokenizer, out_dir)
+
+
+def export_policy(model):
+    """A standalone copy of a policy: a peft model's adapter merged into a copy of its base."""
+    import copy
+
+    if is_peft(model):
+        return copy.deepcopy(model).merge_and_unload()
+    return copy.deepcopy(model)
+
+
+def is_peft(model) -> bool:
+    peft = sys.modules.get("peft")  # never imported: cannot be a peft model (and no import cost)
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def save_policy(model, tokenizer, out_dir) -> None:
+    """HF-format policy (merged) plus the adapter itself under ``adapter/`` for a peft model."""
+    if is_peft(model):
+        model.save_pretrained(str(out_dir) + "/adapter")
+    export_policy(model).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
 
 
 @dataclass
@@ -249,7 +265,10 @@ class StudentResult:
     history: list[dict]
     """Per-step trainer metrics."""
     trainer: "RLOOTrainer"
-    """The trained student (kept until the caller decides, e.g. promotion)."""
+    """The trained student (kept until the caller decides, e.g. promotion); with the Ray pool a
+    ``students.pool.RemoteStudent`` standing in for it (same ``sampler``/``export_model``/``save_pretrained``)."""
+    worker: dict | None = None
+    """Where it ran: ``pid``, ``node_id``, ``worker`` (pool slot; None in-process), ``attempts``."""
 
 
 def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_template: str, seed: int,

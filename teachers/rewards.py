@@ -15,12 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from soar.data import Problem
-from soar.faults import maybe_die
 from soar.seeding import derive_seed
-from students.trainer import StudentResult, correctness, train_student
+from students.trainer import StudentResult, correctness
 
 
 def intrinsic_question_reward(s: float, kind: str) -> float:
@@ -50,39 +48,40 @@ def as_problems(rollouts, step: int, group: int, k: int) -> list[Problem]:
 
 
 class GroundedReward:
-    def __init__(self, cfg, tokenizer, grader, template: str):
-        from soar.generation import make_generator
+    """r students per dataset, trained by ``students.pool`` (in-process, or a Ray worker pool)."""
 
-        self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
-        self.rollout_gen = make_generator(cfg, "student", None, tokenizer)
-        self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
+    def __init__(self, cfg, tokenizer, grader, template: str):
+        from students.pool import make_students
+
+        self.cfg = cfg
+        self.students = make_students(cfg, tokenizer, grader, template)
 
     def __call__(self, datasets_K: list[list[Problem]], baseline, reward_questions: list[Problem],
                  base_acc: float, step: int, group: int, inner_steps: int, progress=None) -> GroupRewards:
-        cfg = self.cfg
-        student_cfg = OmegaConf.merge(cfg.student, {"max_steps": inner_steps})
-        rewards_KR = np.zeros((len(datasets_K), cfg.inner.replicates))
-        students_KR = []
-        for k, dataset in enumerate(datasets_K):
-            row = []
-            for j in range(cfg.inner.replicates):
-                res = train_student(baseline, self.tokenizer, self.grader, dataset, student_cfg, self.template,
-                                    derive_seed(cfg.seed, "student", step, group, k, j), {"qr": reward_questions},
-                                    cfg.inner.accuracy_samples, cfg.backend.batch_size, self.rollout_gen, self.eval_gen)
-                rewards_KR[k, j] = res.accuracy["qr"] - base_acc
-                maybe_die("student", step)
-                row.append(res)
-                if progress is not None:
-                    progress.update(1)
-            students_KR.append(row)
+        from students.pool import StudentTask
+
+        r = self.cfg.inner.replicates
+        tasks = [StudentTask(step, group, k, j, tuple(dataset), inner_steps)
+                 for k, dataset in enumerate(datasets_K) for j in range(r)]
+        flat = self.students.run(tasks, baseline, reward_questions, progress)
+        students_KR = [flat[k * r:(k + 1) * r] for k in range(len(datasets_K))]
+        rewards_KR = np.array([[s.accuracy["qr"] - base_acc for s in row] for row in students_KR], dtype=float)
         history = [h for row in students_KR for s in row for h in s.history]
         metrics = {"student/inner_reward_mean": float(np.mean([h["student/reward_mean"] for h in history])),
                    "student/inner_accuracy": float(np.mean([h["student/accuracy"] for h in history])),
                    "student/inner_skipped_frac": float(np.mean([h["student/skipped_zero_adv"] for h in history])),
                    "compute/student_steps": len(history),
                    "compute/student_tokens": float(sum(h["student/completion_tokens_mean"] * h["student/rollouts"]
-                                                       for h in history))}
+                                                       for h in history)),
+                   "student/inner_completion_tokens_mean": float(np.mean([h["student/completion_tokens_mean"]
+                                                                          for h in history])),
+                   # the inner-loop learning curve: mean training reward at each inner step over the g*r students
+                   "student/inner_reward_by_step": np.mean([[h["student/reward_mean"] for h in s.history]
+                                                            for row in students_KR for s in row], axis=0).tolist()}
         return GroupRewards(rewards_KR, students_KR, metrics)
+
+    def close(self) -> None:
+        self.students.close()
 
 
 class IntrinsicReward:
@@ -105,6 +104,9 @@ class IntrinsicReward:
             if progress is not None:
                 progress.update(1)
         return GroupRewards(np.array(rewards_K)[:, None], [], {"teacher/intrinsic_success_rate": float(np.mean(rates))})
+
+    def close(self) -> None:
+        pass
 
 
 def make_teacher_reward(cfg, tokenizer, grader, template: str):

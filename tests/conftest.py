@@ -60,3 +60,6 @@ def script(name: str) -> str:
     """Path of an installed console script next to this interpreter."""
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
+
+
+from slurm_cluster import slurm_cluster  # noqa: E402,F401  (a real two-node SLURM for tests/test_slurm.py)

@@ -277,6 +277,8 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
                 "teacher_tokens_per_sample", "student_tokens_per_sample"):
         assert series[key][0] == [1, 2, 3] and len(series[key][1]) == 3, key
     assert series["promotion_steps"] == [2]
+    curves = series["inner_reward_by_step"]  # one inner-loop curve per outer step, K points each
+    assert [s for s, _ in curves] == [1, 2, 3] and [len(c) for _, c in curves] == series["inner_steps"][1]
     assert [s for s, _ in series["replicate_rewards"]] == [1, 2, 3]
     assert all(len(ds) == 2 and all(len(reps) == 2 for reps in ds) for _, ds in series["replicate_rewards"])
     assert {"teacher_sample", "rewards", "teacher_update"} <= set(series["time"])

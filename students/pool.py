@@ -1,0 +1,324 @@
+"""Where the g*r students of an outer step train: in the driver one after another
+(``resources.num_workers=0``, the default) or on a persistent Ray pool of W worker processes.
+
+    soar-train experiment=arith_micro resources.num_workers=2 resources.threads_per_worker=1
+
+- Workers (``StudentWorker`` actors) are created once per run; each holds the tokenizer, the grader,
+  its generators and a copy of the current baseline. The baseline travels (one ``ray.put``, then a
+  reference to every worker) only when the loop hands over a different baseline object, i.e. after
+  a promotion; students carry only their dataset.
+- A student is a task (step, group, k, j) seeded with ``derive_seed(seed, "student", step, group, k, j)``;
+  it reads only the baseline, its dataset and Q_R, so its result does not depend on W, on the
+  worker it lands on or on completion order (results go back in task order).
+- Trained students stay in their worker (the policy weights only; optimiser and reference are
+  dropped) until the promotion decision. The driver gets a ``RemoteStudent`` per student: its
+  ``sampler()`` generates inside the worker (the step dump's completions), its ``export_model`` /
+  ``save_pretrained`` fetch the weights, so only the promoted student's weights travel back. A worker
+  drops its kept students when it gets a task of a later step.
+- A worker that dies mid-student (OOM, SIGKILL, node loss) is replaced by a fresh actor that gets
+  the current baseline, and the student reruns from its seed with an identical result; a second
+  failure of the same student fails the run naming it. A kept student lost with its worker is
+  retrained from its seed when it is needed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass
+
+from soar.faults import maybe_die
+from soar.seeding import derive_seed
+
+log = logging.getLogger("soar.pool")
+
+FORWARDED_ENV = ("SOAR_FAULT", "SOAR_FAULT_ONCE")
+"""Fault-injection variables (``soar.faults``) the workers inherit from the driver."""
+
+
+STARTUP_TIMEOUT_S = 300
+"""Seconds the workers may take to start (imports ~4 s each here); longer means Ray cannot place them."""
+
+
+class PoolError(RuntimeError):
+    """A student could not be trained (its worker died twice)."""
+
+
+@dataclass(frozen=True)
+class StudentTask:
+    step: int
+    """Outer step t (0-based)."""
+    group: int
+    """Group of g datasets within the step."""
+    k: int
+    """Dataset index within the group."""
+    j: int
+    """Replicate index."""
+    problems: tuple
+    """The dataset X_k (``Problem``s)."""
+    inner_steps: int
+    """K: RLOO steps of this student."""
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        return self.step, self.group, self.k, self.j
+
+    @property
+    def name(self) -> str:
+        return f"student (step {self.step}, group {self.group}, k {self.k}, j {self.j})"
+
+
+class StudentRunner:
+    """Trains one student task against a baseline: the same code in the driver and in every worker."""
+
+    def __init__(self, cfg, tokenizer, grader, template: str):
+        from soar.generation import make_generator
+
+        self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
+        self.rollout_gen = make_generator(cfg, "student", None, tokenizer)
+        self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
+
+    def run(self, baseline, task: StudentTask, reward_questions):
+        from omegaconf import OmegaConf
+
+        from students.trainer import train_student
+
+        cfg = self.cfg
+        student_cfg = OmegaConf.merge(cfg.student, {"max_steps": task.inner_steps})
+        return train_student(baseline, self.tokenizer, self.grader, list(task.problems), student_cfg, self.template,
+                             derive_seed(cfg.seed, "student", *task.key), {"qr": reward_questions},
+                             cfg.inner.accuracy_samples, cfg.backend.batch_size, self.rollout_gen, self.eval_gen)
+
+
+class InProcessStudents:
+    """``resources.num_workers=0``: every student in this process, one after another."""
+
+    def __init__(self, runner: StudentRunner):
+        self.runner = runner
+
+    def run(self, tasks: list[StudentTask], baseline, reward_questions, progress=None) -> list:
+        out = []
+        for task in tasks:
+            res = self.runner.run(baseline, task, reward_questions)
+            res.worker = {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}
+            maybe_die("student", task.step)
+            out.append(res)
+            if progress is not None:
+                progress.update(1)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class StudentWorker:
+    """One pool process (a Ray actor): a ``StudentRunner``, the current baseline and the students it
+    trained in the current step (kept until the promotion decision)."""
+
+    def __init__(self, cfg_container: dict, tokenizer, threads: int):
+        import ray
+        import torch
+        from omegaconf import OmegaConf
+
+        from soar.grading import make_grader
+
+        torch.set_num_threads(threads)
+        cfg = OmegaConf.create(cfg_container)
+        self.runner = StudentRunner(cfg, tokenizer, make_grader(cfg.data.grader), cfg.data.prompt_template)
+        self.baseline, self.kept = None, {}
+        self.where = {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+    def ready(self) -> dict:
+        return self.where
+
+    def set_baseline(self, baseline) -> None:
+        self.baseline = baseline
+
+    def train(self, task: StudentTask, reward_questions) -> dict:
+        self.kept = {key: policy for key, policy in self.kept.items() if key[0] == task.step}
+        self.runner.grader.reset_stats()
+        res = self.runner.run(self.baseline, task, reward_questions)
+        maybe_die("pool_student", ":".join(map(str, task.key)))  # the result is lost with the worker
+        self.kept[task.key] = res.trainer.model
+        return {"correct": res.correct, "accuracy": res.accuracy, "history": res.history,
+                "grading": self.runner.grader.stats, **self.where}
+
+    def generate(self, key, prompts, params):
+        gen = self.runner.rollout_gen
+        gen.sync_weights(self.kept[key])
+        return gen.generate(prompts, params)
+
+    def fetch(self, key):
+        return self.kept[key]
+
+
+class RemoteStudent:
+    """Stands in for a trained student's ``RLOOTrainer`` while the student lives in a pool worker."""
+
+    def __init__(self, pool: "StudentPool", key, tokenizer):
+        self.pool, self.key, self.tokenizer, self._policy = pool, key, tokenizer, None
+
+    def policy(self):
+        """The student's weights, fetched from its worker once."""
+        if self._policy is None:
+            self._policy = self.pool.call_kept(self.key, "fetch")
+        return self._policy
+
+    def sampler(self, generator=None):
+        """A generator on this student: ``generator`` synced to the fetched weights, else (no
+        transfer) this handle, which generates inside the worker."""
+        if generator is None:
+            return self
+        generator.sync_weights(self.policy())
+        return generator
+
+    def sync_weights(self, model) -> None:
+        pass
+
+    def generate(self, prompts, params):
+        return self.pool.call_kept(self.key, "generate", prompts, params)
+
+    def export_model(self):
+        from students.trainer import export_policy
+
+        return export_policy(self.policy())
+
+    def save_pretrained(self, out_dir) -> None:
+        from students.trainer import save_policy
+
+        save_policy(self.policy(), self.tokenizer, out_dir)
+
+
+class StudentPool:
+    """W persistent ``StudentWorker`` actors; ``run`` trains a step's students on them."""
+
+    def __init__(self, cfg, tokenizer, grader):
+        import ray
+        from omegaconf import OmegaConf
+
+        self.res, self.tokenizer, self.grader = cfg.resources, tokenizer, grader  # grader: where stats add up
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:  # "local": a bare ray.init() would join any cluster running on this machine
+            local = {"include_dashboard": False} if self.res.ray_address is None else {}
+            ray.init(address=self.res.ray_address or "local", log_to_driver=False, logging_level=logging.WARNING,
+                     **local)
+        self.cfg_container = OmegaConf.to_container(cfg, resolve=True)
+        self.tokenizer_ref = ray.put(tokenizer)
+        self.actor_cls = ray.remote(StudentWorker)
+        self.baseline, self.baseline_ref = None, None
+        self.generation = [0] * self.res.num_workers  # bumps when a slot's worker is replaced
+        self.workers = [self.spawn() for _ in range(self.res.num_workers)]
+        self.kept_at: dict = {}  # student key -> (slot, generation, task, reward questions)
+        atexit.register(self.close)
+        try:  # imports done; startup errors surface here
+            ray.get([w.ready.remote() for w in self.workers], timeout=STARTUP_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError as exc:
+            self.close()
+            r = self.res
+            raise PoolError(f"resources.num_workers: {r.num_workers} workers x {r.threads_per_worker} CPUs "
+                            f"(+{r.gpus_per_student} GPUs each) did not start within {STARTUP_TIMEOUT_S} s; "
+                            f"Ray has {ray.available_resources()} free") from exc
+
+    def spawn(self):
+        t = self.res.threads_per_worker
+        env = {"OMP_NUM_THREADS": str(t), "MKL_NUM_THREADS": str(t), "OMP_WAIT_POLICY": "PASSIVE",
+               "TOKENIZERS_PARALLELISM": "false", **{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}}
+        worker = self.actor_cls.options(num_cpus=t, num_gpus=self.res.gpus_per_student, max_restarts=0,
+                                        runtime_env={"env_vars": env}).remote(self.cfg_container, self.tokenizer_ref, t)
+        if self.baseline_ref is not None:
+            worker.set_baseline.remote(self.baseline_ref)  # actor calls run in order: before any train
+        return worker
+
+    def replace(self, slot: int) -> None:
+        import ray
+
+        ray.kill(self.workers[slot], no_restart=True)
+        self.generation[slot] += 1
+        self.workers[slot] = self.spawn()
+
+    def worker_pids(self) -> list[int]:
+        import ray
+
+        return [w["pid"] for w in ray.get([w.ready.remote() for w in self.workers])]
+
+    def run(self, tasks: list[StudentTask], baseline, reward_questions, progress=None) -> list:
+        """Train ``tasks`` on the pool; results (``StudentResult`` with a ``RemoteStudent``) in task order."""
+        import ray
+
+        from students.trainer import StudentResult
+
+        if baseline is not self.baseline:  # a promotion (or the first step): the only weight transfer
+            self.baseline, self.baseline_ref = baseline, ray.put(baseline)
+            for w in self.workers:
+                w.set_baseline.remote(self.baseline_ref)
+        qr_ref = ray.put(reward_questions)
+        self.kept_at = {key: kept for key, kept in self.kept_at.items() if key[0] == tasks[0].step}  # as the workers do
+        pending, idle, inflight = deque(range(len(tasks))), deque(range(len(self.workers))), {}
+        failures, results = {}, [None] * len(tasks)
+        while pending or inflight:
+            while pending and idle:
+                slot, i = idle.popleft(), pending.popleft()
+                inflight[self.workers[slot].train.remote(tasks[i], qr_ref)] = (slot, i)
+            [ref], _ = ray.wait(list(inflight), num_returns=1)
+            slot, i = inflight.pop(ref)
+            task = tasks[i]
+            try:
+                out = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                failures[task.key] = failures.get(task.key, 0) + 1
+                if failures[task.key] >= 2:
+                    raise PoolError(f"{task.name} failed twice: its worker died both times ({exc})") from exc
+                log.warning("%s: worker %d died; replacing it and rerunning the student from its seed", task.name, slot)
+                self.replace(slot)
+                pending.appendleft(i)
+                idle.append(slot)
+                continue
+            idle.append(slot)
+            self.grader.stats.add(out["grading"])
+            where = {"pid": out["pid"], "node_id": out["node_id"], "worker": slot,
+                     "attempts": failures.get(task.key, 0) + 1}
+            results[i] = StudentResult(out["correct"], out["accuracy"], out["history"],
+                                       RemoteStudent(self, task.key, self.tokenizer), where)
+            self.kept_at[task.key] = (slot, self.generation[slot], task, qr_ref)
+            maybe_die("student", task.step)
+            if progress is not None:
+                progress.update(1)
+        return results
+
+    def call_kept(self, key, method: str, *args):
+        """Call ``method`` of the worker holding student ``key``; a student lost with its worker
+        is first retrained from its seed (identical weights)."""
+        import ray
+
+        slot, generation, task, qr_ref = self.kept_at[key]
+        for _ in range(2):
+            try:
+                if self.generation[slot] != generation:
+                    ray.get(self.workers[slot].train.remote(task, qr_ref))
+                    generation = self.generation[slot]
+                    self.kept_at[key] = (slot, generation, task, qr_ref)
+                return ray.get(getattr(self.workers[slot], method).remote(key, *args))
+            except ray.exceptions.RayActorError:
+                log.warning("%s: its worker died; retraining it from its seed", task.name)
+                self.replace(slot)
+        raise PoolError(f"{task.name}: its worker died twice while serving it")
+
+    def close(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        self.workers = []
+        if self.owns_ray:
+            ray.shutdown()
+
+
+def make_students(cfg, tokenizer, grader, template: str):
+    """The run's student executor: ``StudentPool`` when ``resources.num_workers`` > 0, else in-process."""
+    if cfg.resources.num_workers > 0:
+        return StudentPool(cfg, tokenizer, grader)
+    return InProcessStudents(StudentRunner(cfg, tokenizer, grader, template))
