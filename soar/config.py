@@ -191,6 +191,10 @@ class PolicyConfig:
     loss_norm: str = "sequence"
     """``sequence``: sum of token log-probs per rollout, divided by the number of rollouts (the
     RLOO estimator); ``token``: divided by the total completion tokens of the step."""
+    sync_tolerance: Optional[float] = 0.05
+    """Weight-sync check for rollouts sampled by an engine (``vllm``): before each update the mean
+    per-token |log p_engine - log p_trainer| of the sampled tokens must stay below this, else the step
+    fails (stale weights in the engine). fp32 agrees to ~1e-5, bf16 to ~1e-2; None disables."""
     skip_zero_adv: bool = True
     """Skip the optimiser step when every advantage is 0 (no group has signal): otherwise Adam
     turns the tiny KL-only gradient into a full-size update."""

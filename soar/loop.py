@@ -42,12 +42,13 @@ class LoopError(RuntimeError):
 @contextmanager
 def phase(name: str, step: int, times: dict):
     """Time a phase; a non-finite loss or a rejection cap aborts naming the step and phase."""
+    from students.trainer import SyncError
     from teachers.sampling import RejectionCapError
 
     t0 = time.perf_counter()
     try:
         yield
-    except (FloatingPointError, RejectionCapError) as exc:
+    except (FloatingPointError, RejectionCapError, SyncError) as exc:
         raise LoopError(f"outer step {step}, phase {name}: {exc}") from exc
     times[f"time/{name}_s"] = time.perf_counter() - t0
 

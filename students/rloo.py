@@ -30,6 +30,14 @@ def token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.T
     return torch.log_softmax(logits, -1).gather(-1, input_ids_BT[:, 1:, None]).squeeze(-1)
 
 
+def pack_completion_values(prompt_ids: list[list[int]], values: list[list[float]], width: int) -> torch.Tensor:
+    """Per-completion-token values (e.g. an engine's log-probs) laid out like ``pack_sequences``'s mask."""
+    out = torch.zeros((len(values), width - 1), dtype=torch.float32)
+    for i, (p, v) in enumerate(zip(prompt_ids, values)):
+        out[i, len(p) - 1: len(p) - 1 + len(v)] = torch.tensor(v, dtype=torch.float32)
+    return out
+
+
 def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int):
     """Right-padded prompt+completion tensors and a mask over completion positions (shifted by 1)."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]

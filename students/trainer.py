@@ -24,7 +24,7 @@ import torch
 from soar.data import render_prompt
 from soar.generation import HFGenerator, SamplingParams
 from soar.seeding import derive_seed
-from students.rloo import pack_sequences, rloo_advantages, rloo_loss, token_logprobs
+from students.rloo import pack_completion_values, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
 
 log = logging.getLogger("soar.students")
 
@@ -57,6 +57,10 @@ class StepResult:
     metrics: dict
     rewards_QG: torch.Tensor
     skipped: bool
+
+
+class SyncError(RuntimeError):
+    """The engine that sampled the rollouts does not hold the trainer's weights."""
 
 
 class RLOOTrainer:
@@ -106,7 +110,8 @@ class RLOOTrainer:
         cfg, t0 = self.cfg, time.perf_counter()
         prompts = [render_prompt(self.template, p.question) for p in problems]
         params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                                seed=derive_seed(self.seed, "rollout", self.step_count), stop=tuple(cfg.stop))
+                                seed=derive_seed(self.seed, "rollout", self.step_count), stop=tuple(cfg.stop),
+                                logprobs=self.checks_sync)
         samples_QG = self.sampler().generate(prompts, params)
         t_sample = time.perf_counter()
         texts = [s.text for group in samples_QG for s in group]
@@ -119,7 +124,8 @@ class RLOOTrainer:
 
         prompt_ids = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
         train_stats = self.update([prompt_ids[q] for q in range(len(problems)) for _ in range(cfg.group_size)],
-                                  [s.token_ids for group in samples_QG for s in group], adv_QG.flatten())
+                                  [s.token_ids for group in samples_QG for s in group], adv_QG.flatten(),
+                                  [s.logprobs for group in samples_QG for s in group] if self.checks_sync else None)
         skipped, lr = train_stats["skipped"], train_stats["lr"]
         t_train = time.perf_counter()
 
@@ -141,20 +147,28 @@ class RLOOTrainer:
             "student/pg_loss": train_stats["pg_loss"],
             "student/kl": train_stats["kl"],
             "student/grad_norm": train_stats["grad_norm"],
+            **({"student/sync_logprob_gap": train_stats["sync_logprob_gap"]} if "sync_logprob_gap" in train_stats else {}),
             "time/sample_s": t_sample - t0,
             "time/grade_s": t_grade - t_sample,
             "time/train_s": t_train - t_grade,
         }
         return StepResult(metrics, rewards_QG, skipped)
 
-    def update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], adv_B: torch.Tensor) -> dict:
+    @property
+    def checks_sync(self) -> bool:
+        """Rollouts come from an engine holding a copy of the weights: compare its log-probs."""
+        return self.cfg.sync_tolerance is not None and not isinstance(self.generator, HFGenerator)
+
+    def update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], adv_B: torch.Tensor,
+               sampled_logprobs: list[list[float]] | None = None) -> dict:
         """One policy-gradient step on given rollouts and advantages (students: per-question RLOO;
         the teacher: its dataset's A_k on every rollout). Skips the optimiser step when every
-        advantage is 0 and ``skip_zero_adv``; the schedule advances either way."""
+        advantage is 0 and ``skip_zero_adv``; the schedule advances either way. With the engine's
+        ``sampled_logprobs``, a mean per-token gap above ``sync_tolerance`` raises ``SyncError``."""
         skipped = self.cfg.skip_zero_adv and bool((adv_B == 0).all())
         stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}
         if not skipped:
-            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B)
+            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B, sampled_logprobs)
             self.optimizer.step()
             self.version += 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -165,19 +179,23 @@ class RLOOTrainer:
         self.step_count += 1
         return stats
 
-    def accumulate_gradients(self, prompt_ids, completion_ids, adv_B: torch.Tensor) -> dict:
+    def accumulate_gradients(self, prompt_ids, completion_ids, adv_B: torch.Tensor, sampled_logprobs=None) -> dict:
         """Forward/backward in micro-batches; the loss is normalised by a whole-batch constant so
-        the accumulated gradient equals the full-batch gradient whatever ``micro_batch_size`` is."""
+        the accumulated gradient equals the full-batch gradient whatever ``micro_batch_size`` is.
+        The sync check reuses the forward pass the loss needs anyway."""
         cfg, n = self.cfg, len(completion_ids)
         n_tokens = sum(len(c) for c in completion_ids)
         normaliser = float(n if cfg.loss_norm == "sequence" else max(n_tokens, 1))
-        pg_total, kl_total = 0.0, 0.0
+        pg_total, kl_total, sync_gap = 0.0, 0.0, 0.0
         self.model.train()
         for start in range(0, n, cfg.micro_batch_size):
             sl = slice(start, start + cfg.micro_batch_size)
             ids, attn, mask = pack_sequences(prompt_ids[sl], completion_ids[sl], self.tokenizer.pad_token_id)
             ref_logp = self.reference_logprobs(ids, attn) if cfg.kl_coef > 0 else None
             logp = token_logprobs(self.model, ids, attn)
+            if sampled_logprobs is not None:
+                engine = pack_completion_values(prompt_ids[sl], sampled_logprobs[sl], ids.shape[1])
+                sync_gap += ((logp.detach() - engine).abs() * mask).sum().item()
             loss, pg, kl_sum = rloo_loss(logp, ref_logp, mask, adv_B[sl], cfg.kl_coef, normaliser)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite {self.role} loss at its step {self.step_count}")
@@ -187,7 +205,14 @@ class RLOOTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
-        return {"pg_loss": pg_total, "kl": kl_total / max(n_tokens, 1), "grad_norm": grad_norm}
+        stats = {"pg_loss": pg_total, "kl": kl_total / max(n_tokens, 1), "grad_norm": grad_norm}
+        if sampled_logprobs is not None:
+            stats["sync_logprob_gap"] = sync_gap / max(n_tokens, 1)
+            if stats["sync_logprob_gap"] > cfg.sync_tolerance:
+                raise SyncError(f"{self.role} step {self.step_count}: the engine's log-probs of its sampled tokens differ "
+                                f"from the trainer's by {stats['sync_logprob_gap']:.4g} per token (> {self.role}."
+                                f"sync_tolerance={cfg.sync_tolerance}): the engine is serving stale weights")
+        return stats
 
     @torch.no_grad()
     def reference_logprobs(self, ids, attn):

@@ -20,6 +20,8 @@ class Rollout:
     text: str
     """The whole completion (text outside the tags was sampled too, and is trained on)."""
     token_ids: list[int]
+    logprobs: list[float] | None = None
+    """The sampler's log-probs of ``token_ids`` (engine rollouts: for the weight-sync check)."""
 
 
 class RejectionCapError(RuntimeError):
@@ -41,13 +43,13 @@ def sample_valid(generator, prompt: str, count: int, params: SamplingParams, par
         n = min(batch, max_attempts - attempts)
         outs = generator.generate([prompt], SamplingParams(
             n=n, temperature=params.temperature, max_tokens=params.max_tokens, stop=params.stop,
-            seed=derive_seed(seed, "teacher_sample", step, round_)))[0]
+            seed=derive_seed(seed, "teacher_sample", step, round_), logprobs=params.logprobs))[0]
         attempts, round_ = attempts + n, round_ + 1
         for s in outs:
             parsed = parse(s.text)
             if isinstance(parsed, Pair):
                 if len(rollouts) < count:
-                    rollouts.append(Rollout(parsed.question, parsed.answer, s.text, list(s.token_ids)))
+                    rollouts.append(Rollout(parsed.question, parsed.answer, s.text, list(s.token_ids), s.logprobs))
             else:
                 reasons[parsed.reason] += 1
     metrics = {"teacher/valid_frac": (attempts - sum(reasons.values())) / attempts, "teacher/attempts": attempts,

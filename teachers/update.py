@@ -53,7 +53,8 @@ class TeacherPolicy:
         t = self.cfg.teacher
         per_group = t.datasets * t.questions_per_dataset
         count = per_group * t.groups_per_step
-        params = SamplingParams(temperature=t.temperature, max_tokens=t.max_tokens, stop=tuple(t.stop))
+        params = SamplingParams(temperature=t.temperature, max_tokens=t.max_tokens, stop=tuple(t.stop),
+                                logprobs=self.trainer.checks_sync)
         rollouts, metrics = sample_valid(self.trainer.sampler(), t.prompt, count, params, self.parse,
                                          t.sample_batch or count, int(t.max_attempts_factor * count), self.cfg.seed, step)
         n = t.questions_per_dataset
@@ -65,11 +66,14 @@ class TeacherPolicy:
 
     def update(self, groups, advantages_GK) -> dict:
         """One optimiser step; A_k on every rollout of dataset k."""
-        completions, adv = [], []
+        completions, adv, logprobs = [], [], []
         for datasets, adv_K in zip(groups, advantages_GK):
             for dataset, a in zip(datasets, adv_K):
                 completions += [r.token_ids for r in dataset]
+                logprobs += [r.logprobs for r in dataset]
                 adv += [float(a)] * len(dataset)
-        stats = self.trainer.update([self.prompt_ids] * len(completions), completions, torch.tensor(adv))
+        stats = self.trainer.update([self.prompt_ids] * len(completions), completions, torch.tensor(adv),
+                                    logprobs if self.trainer.checks_sync else None)
         return {"teacher/pg_loss": stats["pg_loss"], "teacher/kl": stats["kl"], "teacher/grad_norm": stats["grad_norm"],
-                "teacher/lr": stats["lr"], "teacher/skipped_zero_adv": int(stats["skipped"])}
+                "teacher/lr": stats["lr"], "teacher/skipped_zero_adv": int(stats["skipped"]),
+                **({"teacher/sync_logprob_gap": stats["sync_logprob_gap"]} if "sync_logprob_gap" in stats else {})}

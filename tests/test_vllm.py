@@ -135,6 +135,30 @@ def test_lora_adapters_served_with_fresh_names(setup):
     assert_agrees(model, tok, gen)
 
 
+def test_sync_check_passes_when_synced_and_catches_a_skipped_sync(setup):
+    """Rollouts from the engine carry its log-probs; the trainer compares them with its own in the
+    loss's forward pass. Skipping one weight push (the engine keeps the pre-update weights) fails."""
+    import soar
+    from soar.grading import make_grader
+    from soar.worlds.arith import generate_problems
+    from students.trainer import RLOOTrainer, SyncError
+
+    cfg, tok, model, gen = setup
+    scfg = soar.compose(["experiment=arith_micro", "student.lr=1e-2", "student.kl_coef=0", "student.skip_zero_adv=false",
+                         "student.group_size=4"]).student
+    problems = generate_problems(3, 1, 4, seed=5, prefix="sync") + generate_problems(3, 2, 4, seed=6, prefix="sync")
+    trainer = RLOOTrainer(copy.deepcopy(model), tok, make_grader("integer"), scfg, ARITH_TEMPLATE, 0, generator=gen)
+    assert trainer.checks_sync
+    first = trainer.step(problems).metrics
+    assert first["student/sync_logprob_gap"] < 1e-3  # fp32 engine holding the trainer's weights
+    second = trainer.step(problems).metrics  # after an lr 1e-2 update, pushed again: still in sync
+    assert second["student/sync_logprob_gap"] < 1e-3
+    trainer.sampler = lambda generator=None: gen  # skip the push: the engine keeps the old weights
+    with pytest.raises(SyncError, match="stale weights"):
+        trainer.step(problems)
+    gen.sync_weights(model)
+
+
 def test_loop_with_vllm_teacher_and_eval(setup, tmp_path):
     """Two outer steps of the micro preset with the teacher and every evaluation on the shared engine."""
     import soar
