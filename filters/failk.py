@@ -46,6 +46,19 @@ def split_hard(ids: list[str], test_frac: float, seed: int) -> tuple[list[str], 
     return [i for i in ordered if i not in test], [i for i in ordered if i in test]
 
 
+def read_manifest_rows(path: Path) -> tuple[list[dict], int]:
+    """A fail@k manifest's rows and its line count; a cut last line (a kill mid-write) is dropped,
+    any other line that is not JSON is an error."""
+    rows, lines = [], path.read_text().splitlines()
+    for n, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n != len(lines) - 1:
+                raise ValueError(f"{path}: line {n + 1} is not JSON (only the last line may be cut by a kill)") from None
+    return rows, len(lines)
+
+
 @dataclass
 class Manifest:
     """Append-only JSONL of per-problem outcomes; rows of an unfinished batch are dropped on open."""
@@ -56,13 +69,7 @@ class Manifest:
     def load(self, batch_of: dict[str, int]) -> dict[str, dict]:
         if not self.path.exists():
             return {}
-        rows, lines = [], self.path.read_text().splitlines()
-        for n, line in enumerate(lines):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                if n != len(lines) - 1:
-                    raise ValueError(f"{self.path}: line {n + 1} is not JSON (only the last line may be cut by a kill)")
+        rows, n_lines = read_manifest_rows(self.path)
         for n, row in enumerate(rows):
             for field in PROVENANCE_FIELDS:
                 if row.get(field) != self.provenance[field]:
@@ -78,7 +85,7 @@ class Manifest:
         for pid, b in batch_of.items():
             expected[b] = expected.get(b, 0) + 1
         kept = [r for b, rs in by_batch.items() if len(rs) == expected.get(b, -1) for r in rs]
-        if len(kept) != len(rows) or len(lines) != len(rows):
+        if len(kept) != len(rows) or n_lines != len(rows):
             tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
             os.replace(tmp, self.path)

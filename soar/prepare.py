@@ -107,16 +107,12 @@ def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], li
 
 def _read_manifest(path: Path) -> dict[str, dict] | None:
     """A fail@k manifest's rows by id (a cut last line is ignored), or None if ``path`` is not one."""
-    rows = {}
-    lines = path.read_text().splitlines()
-    for n, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if n == len(lines) - 1:
-                break
-            raise ConfigError(f"config error: loop.hard_set: {path}: line {n + 1} is not JSON") from None
-        if not isinstance(row, dict) or not {"id", "passes", "outcomes"} <= row.keys():
-            return None
-        rows[str(row["id"])] = row
-    return rows
+    from filters.failk import read_manifest_rows
+
+    try:
+        rows, _ = read_manifest_rows(path)
+    except ValueError as exc:
+        raise ConfigError(f"config error: loop.hard_set: {exc}") from None
+    if not all(isinstance(row, dict) and {"id", "passes", "outcomes"} <= row.keys() for row in rows):
+        return None
+    return {str(row["id"]): row for row in rows}

@@ -3,7 +3,7 @@
     soar-filter backend=vllm model=PATH data=math500 filter.k=16     # fail@k through vLLM
     soar-train backend.teacher=vllm backend.eval=vllm                # vLLM where it pays
 
-One engine per (model path, engine options) per process is shared by every role (``engines``):
+One engine per (model path, engine options) per process is shared by every role (``engine_for``):
 each ``VLLMGenerator`` owns a live Hugging Face model whose weights it pushes into the engine
 (saved to a temporary folder, then the workers' in-place ``reload_weights``) before it generates, whenever the
 engine holds another generator's weights or ``sync_weights`` was called since the last push.
@@ -18,10 +18,8 @@ and seconds for 3B ones (LoRA adapters are much smaller).
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
-import logging
 import os
 import tempfile
 from dataclasses import asdict
@@ -31,8 +29,6 @@ import torch
 
 from soar.generation import Sample, SamplingParams
 from soar.seeding import derive_seed
-
-log = logging.getLogger(__name__)
 
 # The tied-head fix below runs in the engine's worker as a pickled module-level function, which
 # vLLM only accepts with this set.
@@ -46,6 +42,7 @@ def _refresh_tied_head(model) -> None:
     head = getattr(model, "lm_head", None)
     if getattr(model.config, "tie_word_embeddings", False) and head is not None and hasattr(head, "quant_method"):
         head.quant_method.process_weights_after_loading(head)
+
 
 class Engine:
     """One ``vllm.LLM`` plus the record of whose weights it currently holds."""
@@ -136,14 +133,14 @@ class VLLMGenerator:
         self.version += 1
 
     def _ensure_loaded(self) -> None:
-        from peft import PeftModel
+        from students.trainer import export_policy, is_peft
 
         if self.model is None:
             if self.engine.holder != "checkpoint":
                 self.engine.push(None)
                 self.engine.holder = "checkpoint"
             self.lora = None
-        elif isinstance(self.model, PeftModel) and self.engine.llm.llm_engine.vllm_config.lora_config is not None:
+        elif is_peft(self.model) and self.engine.llm.llm_engine.vllm_config.lora_config is not None:
             if self.engine.holder != (self.uid, "base"):  # peft keeps the base frozen: push it once
                 self.engine.push(self.model.get_base_model(), _base_state_dict(self.model))
                 self.engine.holder = (self.uid, "base")
@@ -151,10 +148,7 @@ class VLLMGenerator:
                 self._new_adapter()
                 self._lora_version = self.version
         elif self.engine.holder != (self.uid, self.version):
-            model = self.model
-            if isinstance(model, PeftModel):
-                model = copy.deepcopy(model).merge_and_unload()
-            self.engine.push(model)
+            self.engine.push(export_policy(self.model) if is_peft(self.model) else self.model)
             self.engine.holder, self.lora = (self.uid, self.version), None
 
     def _new_adapter(self) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import ARITH_TEMPLATE, arith_data, run_cli, script
+from soar.data import shared_data_dir
 from soar.generation import HFGenerator, SamplingParams
 
 pytestmark = [pytest.mark.timeout(600),
@@ -191,6 +192,8 @@ def test_filter_in_process_solves_easy_problems(setup, tmp_path):
     assert sum(r["passes"] for r in rows if r["id"].startswith("easy")) > 0  # the engine really solves sums
 
 
+@pytest.mark.skipif(not (shared_data_dir() / "math500" / "test.jsonl").exists(),
+                    reason="the shared benchmark data (../shared/data or $SOAR_DATA_DIR) is not on this machine")
 def test_filter_cli_on_math500_with_vllm(tiny_model_dir, tmp_path):
     """The one subprocess end-to-end test on vLLM (the issue's CI command): real MATH-500 rows, the
     paper's student template, 16 samples each through the engine; the char model solves none."""
