@@ -480,6 +480,12 @@ class ResourcesConfig:
     engine_threads: int = 0
     """Cores kept free for the driver's generation engine (teacher sampling, vLLM evaluation)
     while the workers train; counted against the machine's cores with the workers'."""
+    lockstep: bool = False
+    """Shared-engine multi-LoRA students (``students.lockstep``): the step's g*r students train
+    together, one inner step at a time, and each inner step's rollouts of all of them (and their
+    Q_R evaluations) are one generate call, on vLLM one ``LoRARequest`` per student. Needs
+    ``student.lora.r`` > 0 and ``num_workers`` 0; batching needs ``backend.student=vllm`` with
+    ``backend.vllm.enable_lora`` (ideally ``max_loras`` >= g*r), else one call per student."""
     ray_address: Optional[str] = None
     """Ray cluster to join (e.g. ``auto`` or ``ray://head:10001``); None starts a private local
     instance (``ray.init(address="local")``: a bare ``ray.init()`` would join any cluster already
@@ -646,6 +652,10 @@ def validate(cfg, stage: str) -> None:
         if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().exists():
             _fail("loop.hard_set", f"{cfg.loop.hard_set} does not exist (a hard-set folder, a manifest.jsonl or a JSONL)")
         _validate_resources(cfg.resources, cfg.model.path, cores)
+        if cfg.resources.lockstep and cfg.student.lora.r == 0:
+            _fail("resources.lockstep", "lockstep students are LoRA adapters on one base: set student.lora.r > 0")
+        if cfg.resources.lockstep and cfg.resources.num_workers > 0:
+            _fail("resources.lockstep", "lockstep students share this process's engine: set resources.num_workers=0")
     if stage == "filter":
         f = cfg.filter
         if f.k < 1:

@@ -123,6 +123,26 @@ class HFGenerator:
         return samples
 
 
+def generate_many(requests: list[tuple[Generator, list[str], SamplingParams]]) -> list[list[list[Sample]]]:
+    """Many generators' calls at once, each result equal to its own ``generate``: calls on one vLLM
+    engine go out together (``soar.vllm_backend.generate_together``: one ``LLM.generate`` with a
+    ``LoRARequest`` per adapter), so the engine batches across e.g. all students of a step; other
+    generators run one after another."""
+    out: list = [None] * len(requests)
+    by_engine: dict[int, list[int]] = {}
+    for i, (gen, prompts, params) in enumerate(requests):
+        if getattr(gen, "engine", None) is None:
+            out[i] = gen.generate(prompts, params)
+        else:
+            by_engine.setdefault(id(gen.engine), []).append(i)
+    for idx in by_engine.values():
+        from soar.vllm_backend import generate_together
+
+        for i, res in zip(idx, generate_together([requests[i] for i in idx])):
+            out[i] = res
+    return out
+
+
 def resolve_backend(backend_cfg, role: str) -> str:
     """The backend of ``role`` (``filter``, ``teacher``, ``student``, ``eval``): its own setting or
     ``backend.name``; ``auto`` is ``vllm`` when vLLM is importable, else ``hf``."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -125,6 +126,9 @@ class VLLMGenerator:
         self.uid = next(_GENERATOR_IDS)  # not id(self): ids are reused after garbage collection
         self.lora, self._lora_version, self._lora_dir = None, None, None
         self.version = 0
+        self.base_key = None
+        """Set by callers whose peft models share one frozen base (the lockstep students: copies of
+        one baseline), so the engine holds that base once for all of them; None: this generator's own."""
         self.sync_weights(model)
 
     def sync_weights(self, model) -> None:
@@ -132,31 +136,51 @@ class VLLMGenerator:
         self.model = model
         self.version += 1
 
+    def _as_adapter(self) -> bool:
+        from students.trainer import is_peft
+
+        return is_peft(self.model) and self.engine.llm.llm_engine.vllm_config.lora_config is not None
+
+    def holder(self) -> object:
+        """The engine weights this generator needs: the checkpoint, its LoRA base, or its own version."""
+        if self.model is None:
+            return "checkpoint"
+        if self._as_adapter():
+            return self.base_key or (self.uid, "base")
+        return self.uid, self.version
+
     def _ensure_loaded(self) -> None:
         from students.trainer import export_policy, is_peft
 
-        if self.model is None:
-            if self.engine.holder != "checkpoint":
+        holder = self.holder()
+        if self.engine.holder != holder:
+            if self.model is None:
                 self.engine.push(None)
-                self.engine.holder = "checkpoint"
-            self.lora = None
-        elif is_peft(self.model) and self.engine.llm.llm_engine.vllm_config.lora_config is not None:
-            if self.engine.holder != (self.uid, "base"):  # peft keeps the base frozen: push it once
+            elif self._as_adapter():  # peft keeps the base frozen: push it once
                 self.engine.push(self.model.get_base_model(), _base_state_dict(self.model))
-                self.engine.holder = (self.uid, "base")
-            if self._lora_version != self.version:
-                self._new_adapter()
-                self._lora_version = self.version
-        elif self.engine.holder != (self.uid, self.version):
-            self.engine.push(export_policy(self.model) if is_peft(self.model) else self.model)
-            self.engine.holder, self.lora = (self.uid, self.version), None
+            else:
+                self.engine.push(export_policy(self.model) if is_peft(self.model) else self.model)
+            self.engine.holder = holder
+        if not self._as_adapter():
+            self.release()
+        elif self._lora_version != self.version:
+            self._new_adapter()
+            self._lora_version = self.version
+
+    def release(self) -> None:
+        """Drop this generator's adapter from the engine and disk (done for each new version, so
+        engine memory stays flat over versions; callers discarding a generator call it too)."""
+        if self.lora is not None:
+            llm_engine = self.engine.llm.llm_engine
+            if self.lora.lora_int_id in llm_engine.list_loras():
+                llm_engine.remove_lora(self.lora.lora_int_id)
+            shutil.rmtree(self.lora.lora_path, ignore_errors=True)
+        self.lora, self._lora_version = None, None
 
     def _new_adapter(self) -> None:
         from vllm.lora.request import LoRARequest
 
-        llm_engine = self.engine.llm.llm_engine
-        if self.lora is not None and self.lora.lora_int_id in llm_engine.list_loras():
-            llm_engine.remove_lora(self.lora.lora_int_id)  # keeps engine memory flat over versions
+        self.release()
         if self._lora_dir is None:
             self._lora_dir = tempfile.TemporaryDirectory(prefix="soar-lora-")
         lora_id = next(self.engine.lora_ids)
@@ -165,20 +189,20 @@ class VLLMGenerator:
         self.lora = LoRARequest(f"soar-{self.uid}-v{lora_id}", lora_id, str(path))
 
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]:
+        return generate_together([(self, prompts, params)])[0]
+
+    def _vparams(self, params: SamplingParams, n_prompts: int) -> list:
         from vllm import SamplingParams as VParams
 
         if params.greedy and params.n != 1:
             raise ValueError("greedy decoding with n > 1 would return n identical samples")
-        self._ensure_loaded()
         # One seed per prompt (derived from the call's seed and the prompt's index), so a prompt's
         # samples do not depend on how the engine batches requests.
-        vparams = [VParams(n=params.n, temperature=0.0 if params.greedy else params.temperature, top_p=1.0, top_k=0,
-                           max_tokens=params.max_tokens, seed=derive_seed(params.seed, "prompt", i),
-                           stop=list(params.stop) or None, logprobs=0 if params.logprobs else None,
-                           skip_special_tokens=True)
-                   for i in range(len(prompts))]
-        outputs = self.engine.llm.generate(prompts, vparams, use_tqdm=False, lora_request=self.lora)
-        return [[self._sample(c, params) for c in out.outputs] for out in outputs]
+        return [VParams(n=params.n, temperature=0.0 if params.greedy else params.temperature, top_p=1.0, top_k=0,
+                        max_tokens=params.max_tokens, seed=derive_seed(params.seed, "prompt", i),
+                        stop=list(params.stop) or None, logprobs=0 if params.logprobs else None,
+                        skip_special_tokens=True)
+                for i in range(n_prompts)]
 
     def _sample(self, completion, params: SamplingParams) -> Sample:
         ids = list(completion.token_ids)
@@ -187,6 +211,27 @@ class VLLMGenerator:
             logprobs = [entry[token].logprob for token, entry in zip(ids, completion.logprobs)]
         return Sample(text=completion.text, token_ids=ids, finish_reason=completion.finish_reason or "stop",
                       logprobs=logprobs)
+
+
+def generate_together(requests: list[tuple[VLLMGenerator, list[str], SamplingParams]]) -> list[list[list[Sample]]]:
+    """Several generators' ``generate`` calls on one engine as one ``LLM.generate``, when the engine
+    can hold all their weights at once (one base; a ``LoRARequest`` per adapter generator): the
+    engine then batches across them, e.g. all students of a step. Otherwise one call each. Either
+    way each request gets exactly what its own ``generate`` would (per-prompt seeds)."""
+    engine = requests[0][0].engine
+    if len({id(gen.engine) for gen, _, _ in requests}) > 1 or len({gen.holder() for gen, _, _ in requests}) > 1:
+        return [generate_together([req])[0] for req in requests]
+    prompts, vparams, loras, spans = [], [], [], []
+    for gen, gen_prompts, params in requests:
+        gen._ensure_loaded()
+        spans.append((len(prompts), len(prompts) + len(gen_prompts)))
+        prompts += gen_prompts
+        vparams += gen._vparams(params, len(gen_prompts))
+        loras += [gen.lora] * len(gen_prompts)
+    outputs = engine.llm.generate(prompts, vparams, use_tqdm=False,
+                                  lora_request=loras if any(x is not None for x in loras) else None)
+    return [[[gen._sample(c, params) for c in out.outputs] for out in outputs[a:b]]
+            for (gen, _, params), (a, b) in zip(requests, spans)]
 
 
 def _base_state_dict(peft_model) -> dict[str, torch.Tensor]:

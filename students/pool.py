@@ -318,7 +318,12 @@ class StudentPool:
 
 
 def make_students(cfg, tokenizer, grader, template: str):
-    """The run's student executor: ``StudentPool`` when ``resources.num_workers`` > 0, else in-process."""
+    """The run's student executor: ``StudentPool`` when ``resources.num_workers`` > 0, the lockstep
+    multi-LoRA students (``students.lockstep``) when ``resources.lockstep``, else in-process."""
     if cfg.resources.num_workers > 0:
         return StudentPool(cfg, tokenizer, grader)
+    if cfg.resources.lockstep:
+        from students.lockstep import LockstepStudents
+
+        return LockstepStudents(cfg, tokenizer, grader, template)
     return InProcessStudents(StudentRunner(cfg, tokenizer, grader, template))

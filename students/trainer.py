@@ -43,10 +43,19 @@ def correctness(generator, grader, problems, template: str, max_tokens: int, sto
                 seed: int = 0, temperature: float = 1.0) -> list[float]:
     """Per problem: greedy correctness (``samples`` 0, the paper's Acc) or the fraction of
     ``samples`` samples at ``temperature`` that are correct (a lower-variance alternative)."""
+    prompts, params = correctness_request(problems, template, max_tokens, stop, samples, seed, temperature)
+    return grade_correctness(grader, problems, generator.generate(prompts, params))
+
+
+def correctness_request(problems, template: str, max_tokens: int, stop=(), samples: int = 0, seed: int = 0,
+                        temperature: float = 1.0) -> tuple[list[str], SamplingParams]:
+    """The prompts and sampling parameters ``correctness`` generates with."""
     prompts = [render_prompt(template, p.question) for p in problems]
-    params = SamplingParams(n=max(samples, 1), greedy=samples == 0, temperature=temperature, max_tokens=max_tokens,
-                            stop=tuple(stop), seed=seed)
-    outs = generator.generate(prompts, params)
+    return prompts, SamplingParams(n=max(samples, 1), greedy=samples == 0, temperature=temperature,
+                                   max_tokens=max_tokens, stop=tuple(stop), seed=seed)
+
+
+def grade_correctness(grader, problems, outs) -> list[float]:
     grades = grader.grade_batch([s.text for o in outs for s in o], [p.answer for p, o in zip(problems, outs) for _ in o])
     flat = np.array([g.correct for g in grades], dtype=float).reshape(len(problems), -1)
     return flat.mean(-1).tolist()
@@ -106,13 +115,23 @@ class RLOOTrainer:
         return generator
 
     # ---- one RLOO step ------------------------------------------------------------------------
-    def step(self, problems) -> StepResult:
-        cfg, t0 = self.cfg, time.perf_counter()
+    def rollout_request(self, problems) -> tuple[list[str], SamplingParams]:
+        """The prompts and sampling parameters of this step's rollouts."""
+        cfg = self.cfg
         prompts = [render_prompt(self.template, p.question) for p in problems]
-        params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                                seed=derive_seed(self.seed, "rollout", self.step_count), stop=tuple(cfg.stop),
-                                logprobs=self.checks_sync)
-        samples_QG = self.sampler().generate(prompts, params)
+        return prompts, SamplingParams(n=cfg.group_size, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                       seed=derive_seed(self.seed, "rollout", self.step_count), stop=tuple(cfg.stop),
+                                       logprobs=self.checks_sync)
+
+    def step(self, problems, samples_QG=None, sample_s: float = 0.0) -> StepResult:
+        """Sample (or take ``samples_QG``, generated elsewhere from ``rollout_request`` in
+        ``sample_s`` seconds, e.g. batched with other students), grade, update."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        prompts, params = self.rollout_request(problems)
+        if samples_QG is None:
+            samples_QG = self.sampler().generate(prompts, params)
+        else:
+            t0 -= sample_s
         t_sample = time.perf_counter()
         texts = [s.text for group in samples_QG for s in group]
         golds = [p.answer for p in problems for _ in range(cfg.group_size)]

@@ -160,6 +160,80 @@ def test_sync_check_passes_when_synced_and_catches_a_skipped_sync(setup):
     gen.sync_weights(model)
 
 
+def test_lockstep_students_share_one_generate_and_match_one_by_one(setup, monkeypatch):
+    """resources.lockstep: four LoRA students' rollouts of each inner step are one engine call with
+    four distinct adapters (and so are their Q_R evaluations); every student ends where it ends when
+    trained alone on the same engine (same samples, same weights)."""
+    from pathlib import Path
+
+    import soar
+    from soar.grading import make_grader
+    from soar.worlds.arith import generate_problems
+    from students.lockstep import LockstepStudents
+    from students.pool import InProcessStudents, StudentRunner, StudentTask, make_students
+
+    cfg, tok, model, gen = setup
+    over = vllm_overrides(cfg.model.path) + ["backend.student=vllm", "student.lora.r=8", "student.lora.alpha=16",
+                                             "student.lr=1e-2", "student.max_steps=2"]
+    lock_cfg = soar.compose(over + ["resources.lockstep=true"])
+    grader = make_grader("integer")
+    tasks = [StudentTask(0, 0, k, j, tuple(generate_problems(3, 1 + k, 8, seed=20 + k, prefix=f"d{k}")), 2)
+             for k in range(2) for j in range(2)]
+    qr = generate_problems(3, 2, 8, seed=30, prefix="qr")
+    calls = []
+    generate = gen.engine.llm.generate
+
+    def spy(prompts, params, **kw):
+        loras = kw.get("lora_request") or []
+        calls.append({x.lora_name for x in loras if x is not None})
+        return generate(prompts, params, **kw)
+
+    monkeypatch.setattr(gen.engine.llm, "generate", spy)
+    executor = make_students(lock_cfg, tok, grader, ARITH_TEMPLATE)
+    assert isinstance(executor, LockstepStudents)
+    together = executor.run(tasks, model, qr)
+    assert len(calls) == 3 and all(len(names) == 4 for names in calls)  # 2 inner steps + Q_R, 4 adapters each
+    alone_calls = len(calls)
+    alone = InProcessStudents(StudentRunner(soar.compose(over), tok, grader, ARITH_TEMPLATE)).run(tasks, model, qr)
+    assert len(calls) - alone_calls == 3 * len(tasks)  # one by one: a call per student and phase
+    for a, b in zip(together, alone):
+        assert [h["student/reward_mean"] for h in a.history] == [h["student/reward_mean"] for h in b.history]
+        assert a.correct == b.correct
+        wa = {k: v for k, v in a.trainer.model.named_parameters() if "lora_" in k}
+        wb = {k: v for k, v in b.trainer.model.named_parameters() if "lora_" in k}
+        assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-5
+    assert len({tuple(h["student/reward_mean"] for h in s.history) for s in together}) > 1  # students differ
+    engine = gen.engine.llm.llm_engine
+    assert len(engine.list_loras()) <= lock_cfg.backend.vllm.max_loras
+    ids, paths = {g.lora.lora_int_id for g in executor.live}, [Path(g.lora.lora_path) for g in executor.live]
+    assert len(ids) == 8 and all(p.is_dir() for p in paths)  # 4 students x (rollout + eval) adapters
+    executor.close()  # the students' adapters leave the engine and the disk (the next step does this too)
+    assert not ids & engine.list_loras() and not any(p.exists() for p in paths)
+
+
+def test_adapter_versions_keep_engine_loras_and_files_flat(setup):
+    """200 adapter versions through one generator: the engine holds one adapter, the adapter folder one version."""
+    from pathlib import Path
+
+    from peft import LoraConfig, get_peft_model
+
+    cfg, tok, model, gen = setup
+    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    params = SamplingParams(greedy=True, max_tokens=4)
+    engine, names = gen.engine.llm.llm_engine, set()
+    before = engine.list_loras()
+    for _ in range(200):
+        gen.sync_weights(peft_model)
+        gen.generate(PROMPTS[:1], params)
+        names.add(gen.lora.lora_name)
+    assert len(names) == 200
+    assert engine.list_loras() - before == {gen.lora.lora_int_id}
+    assert len(list(Path(gen.lora.lora_path).parent.iterdir())) == 1
+    gen.sync_weights(model)
+    gen.generate(PROMPTS[:1], params)  # a full model again: the adapter is dropped
+    assert engine.list_loras() - before == set()
+
+
 def test_loop_with_vllm_teacher_and_eval(setup, tmp_path):
     """Two outer steps of the micro preset with the teacher and every evaluation on the shared engine."""
     import soar
