@@ -4,6 +4,7 @@
     soar-rl model=out/world data=runs/hard/hard_train.jsonl student.max_steps=20 run.name=rl
     soar-world pretrain
     soar-train                                  # experiment=arith: the embedded world end to end
+    soar-estimate --calibration-steps 2         # projected hours of that run, from 2 outer steps
     soar-export runs/arith export.samples=128   # PQ + 128 fresh teacher questions + models
     soar-eval experiment=arith eval.method=pq eval.run_dir=runs/arith run.name=eval_pq_s0
     soar-report runs/arith --evals runs/eval_* --out runs/report
@@ -74,6 +75,28 @@ def train_main() -> None:
     if not any(a.split("=")[0].lstrip("+~") == "experiment" for a in sys.argv[1:]):
         sys.argv.insert(1, "experiment=arith")
     _entry(run_train)
+
+
+def estimate_main() -> None:
+    """``soar-estimate [--calibration-steps N] [overrides...]``: a full run's projected cost from N
+    outer steps (default 1); without ``experiment=...`` it estimates ``experiment=arith``."""
+    from soar.estimate import run_estimate
+
+    steps, args = 1, []
+    argv = iter(sys.argv[1:])
+    for arg in argv:
+        if arg == "--calibration-steps" or arg.startswith("--calibration-steps="):
+            value = arg.partition("=")[2] or next(argv, "")
+            if not value.isdigit():
+                print("usage: soar-estimate [--calibration-steps N] [overrides...]", file=sys.stderr)
+                sys.exit(2)
+            steps = int(value)
+        else:
+            args.append(arg)
+    if not any(a.split("=")[0].lstrip("+~") == "experiment" for a in args):
+        args.insert(0, "experiment=arith")
+    sys.argv = [sys.argv[0], *args]
+    _entry(lambda cfg: run_estimate(cfg, steps))
 
 
 def world_main() -> None:

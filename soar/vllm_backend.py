@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -127,6 +128,7 @@ class VLLMGenerator:
         self.lora, self._lora_version, self._lora_dir = None, None, None
         self.version = 0
         self.base_key = None
+        self.last_sync_s = 0.0  # seconds the last generate spent pushing weights / adapters in
         """Set by callers whose peft models share one frozen base (the lockstep students: copies of
         one baseline), so the engine holds that base once for all of them; None: this generator's own."""
         self.sync_weights(model)
@@ -152,7 +154,7 @@ class VLLMGenerator:
     def _ensure_loaded(self) -> None:
         from students.trainer import export_policy, is_peft
 
-        holder = self.holder()
+        t0, holder = time.perf_counter(), self.holder()
         if self.engine.holder != holder:
             if self.model is None:
                 self.engine.push(None)
@@ -166,6 +168,7 @@ class VLLMGenerator:
         elif self._lora_version != self.version:
             self._new_adapter()
             self._lora_version = self.version
+        self.last_sync_s = time.perf_counter() - t0
 
     def release(self) -> None:
         """Drop this generator's adapter from the engine and disk (done for each new version, so

@@ -167,9 +167,12 @@ class RLOOTrainer:
             "student/kl": train_stats["kl"],
             "student/grad_norm": train_stats["grad_norm"],
             **({"student/sync_logprob_gap": train_stats["sync_logprob_gap"]} if "sync_logprob_gap" in train_stats else {}),
-            "time/sample_s": t_sample - t0,
+            "time/sample_s": t_sample - t0,  # includes time/sync_s
+            "time/sync_s": getattr(self.generator, "last_sync_s", 0.0),  # weight push into an engine
             "time/grade_s": t_grade - t_sample,
-            "time/train_s": t_train - t_grade,
+            "time/train_s": t_train - t_grade,  # forward_backward + optimizer + packing
+            "time/forward_backward_s": train_stats["forward_backward_s"],
+            "time/optimizer_s": train_stats["optimizer_s"],
         }
         return StepResult(metrics, rewards_QG, skipped)
 
@@ -186,10 +189,14 @@ class RLOOTrainer:
         ``sampled_logprobs``, a mean per-token gap above ``sync_tolerance`` raises ``SyncError``."""
         skipped = self.cfg.skip_zero_adv and bool((adv_B == 0).all())
         stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        t0 = time.perf_counter()
         if not skipped:
             stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B, sampled_logprobs)
+        t_backward = time.perf_counter()
+        if not skipped:
             self.optimizer.step()
             self.version += 1
+        stats.update(forward_backward_s=t_backward - t0, optimizer_s=time.perf_counter() - t_backward)
         self.optimizer.zero_grad(set_to_none=True)
         stats.update(skipped=skipped, lr=self.scheduler.get_last_lr()[0])
         with warnings.catch_warnings():  # a skipped first step calls the scheduler before the optimiser, on purpose

@@ -1,0 +1,177 @@
+"""What a full ``soar-train`` run of a config will cost, projected from a short calibration.
+
+    soar-estimate                                              # experiment=arith, 1 calibration step
+    soar-estimate loop.hard_set=runs/methods/hard_set --calibration-steps 2 run.threads=1
+
+It runs ``calibration_steps`` outer steps of the config, exactly as ``soar-train`` would start them
+(same teacher schedule), in a temporary run dir: the hard set is built there unless ``loop.hard_set``
+is given, and its time is part of the projection. Then, with T = ``loop.steps``:
+
+    total = hard_set_s + one_off_s + T * step_s(K)
+
+- ``step_s``: the loop's phases (``time/*_s`` in ``metrics.jsonl``) plus ``other`` (diversity, step
+  dump, metrics, checkpoint: the wall time the loop's phases leave out). With 2+ calibration steps,
+  the mean of the steps after the first; the first step's surplus (e.g. loading the embedder) is
+  paid once. ``baseline_eval`` (the baseline's greedy pass over hard-train) is cached per baseline,
+  so it is a one-off, paid again at each promotion (the ``promotion`` phase: saves, hard-train and
+  hard-test passes; measured when the calibration promoted, else estimated from ``baseline_eval``
+  without the saves).
+- K: the inner loop grows by ``inner.steps_per_promotion`` per promotion up to ``inner.max_steps``.
+  ``low``: no promotion (K = ``student.max_steps`` throughout). ``high``: K = ``inner.max_steps``
+  from the first step, the students' phase (``rewards``) scaled by K / K_calibration (its Q_R
+  evaluation does not grow with K, so this overstates), and a promotion whenever the window allows.
+Student steps and tokens (``compute/*``) are projected the same way. A calibration step whose
+teacher update was skipped (all-equal rewards: ``teacher/skipped_zero_adv`` in ``rows``) measures
+that phase at ~0 s, so both bounds then leave out the teacher's forward/backward.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+OTHER_PHASE = "other"
+"""The part of a step's wall time that the loop's own ``time/*`` phases do not cover."""
+
+
+PER_BASELINE_PHASES = ("baseline_eval", "promotion")
+"""Loop phases paid once per baseline (at the start and at each promotion), not every step."""
+
+
+def knobs(cfg) -> dict:
+    """The config knobs the cost depends on (paper notation)."""
+    return {"g": cfg.teacher.datasets, "n": cfg.teacher.questions_per_dataset, "r": cfg.inner.replicates,
+            "K": cfg.student.max_steps, "K_max": cfg.inner.max_steps, "K_per_promotion": cfg.inner.steps_per_promotion,
+            "M": cfg.inner.reward_questions, "steps": cfg.loop.steps, "groups_per_step": cfg.teacher.groups_per_step,
+            "reward": cfg.teacher.reward, "promotion": bool(cfg.promotion.enabled), "window": cfg.promotion.window}
+
+
+def calibrate(cfg, steps: int = 1, run_dir: str | Path | None = None) -> dict:
+    """Run ``steps`` outer steps (the setup of ``soar.loop.run_train``, timed piece by piece) in
+    ``run_dir`` (default: a temporary dir, removed); returns timings and per-step metrics."""
+    from omegaconf import open_dict
+
+    from soar.config import ConfigError, validate
+    from soar.loop import Loop
+    from soar.models import load_model, load_tokenizer, set_threads
+    from soar.prepare import hard_set, resolve_model_path
+    from soar.run import MetricsLogger, RunDir
+
+    if not 1 <= steps <= cfg.loop.steps:
+        raise ConfigError(f"config error: calibration steps: {steps} is not in [1, loop.steps={cfg.loop.steps}]")
+    cfg = copy.deepcopy(cfg)
+    validate(cfg, "train")
+    set_threads(cfg.run.threads)
+    with tempfile.TemporaryDirectory(prefix="soar_estimate_") as tmp:
+        with open_dict(cfg):  # a fresh, private run: never resume a real one or log to wandb
+            cfg.run.dir, cfg.run.resume, cfg.run.loggers = str(run_dir or tmp), "never", ["jsonl"]
+        t0 = time.perf_counter()
+        resolve_model_path(cfg)  # may pretrain the world model once (it is cached afterwards)
+        run = RunDir(cfg, "train")
+        try:
+            tokenizer, base = load_tokenizer(cfg.model), load_model(cfg.model)
+            setup_s, t0 = time.perf_counter() - t0, time.perf_counter()
+            hard = hard_set(cfg, run.path, base, tokenizer, cfg.run.progress)
+            hard_set_s = time.perf_counter() - t0
+            loop = Loop(cfg, run, tokenizer, base, hard)
+            metrics_log = MetricsLogger(run)
+            rows = []
+            for t in range(steps):
+                t0 = time.perf_counter()
+                metrics = loop.step(t)
+                metrics_log.log(t + 1, metrics)
+                loop.checkpoint()
+                rows.append({**metrics, "time/wall_s": time.perf_counter() - t0})
+            loop.reward_fn.close()
+            metrics_log.close()
+        finally:
+            run.close()
+    return {"steps": steps, "setup_s": setup_s, "hard_set_s": hard_set_s, "hard_set_built": not cfg.loop.hard_set,
+            "hard_set": hard.source,  # a built one is gone with the temporary run dir
+            "hard_train": len(hard.train), "hard_test": len(hard.test), "K": rows[0]["student/inner_steps"],
+            "rows": [{k: v for k, v in r.items() if k.startswith(("time/", "compute/"))
+                      or k in ("promotion/promoted", "teacher/skipped_zero_adv")} for r in rows]}
+
+
+def step_phases(row: dict) -> dict[str, float]:
+    """One step's seconds by phase: the loop's ``time/<phase>_s`` and the rest of its wall time."""
+    phases = {k[len("time/"):-2]: v for k, v in row.items()
+              if k.startswith("time/") and k.endswith("_s") and k not in ("time/step_s", "time/wall_s")}
+    phases[OTHER_PHASE] = max(row["time/wall_s"] - row["time/step_s"], 0.0)
+    return phases
+
+
+def mean_phases(rows: list[dict]) -> dict[str, float]:
+    per_step = [step_phases(r) for r in rows]
+    names = sorted({name for p in per_step for name in p})  # e.g. promotion appears in some steps only
+    return {name: float(np.mean([p.get(name, 0.0) for p in per_step])) for name in names}
+
+
+def project(calibration: dict, cfg) -> dict:
+    """The full run's time, student steps and tokens, low (no promotion) and high (K = K_max)."""
+    rows, k = calibration["rows"], knobs(cfg)
+    first = step_phases(rows[0])
+    baseline_eval_s = first.get("baseline_eval", 0.0)  # the first step's pass over hard-train
+
+    def per_step(phases: dict) -> dict:  # per-baseline costs are counted apart
+        return {name: 0.0 if name in PER_BASELINE_PHASES else s for name, s in phases.items()}
+
+    if len(rows) >= 2:
+        step = per_step(mean_phases(rows[1:]))
+        first_step_extra_s = max(sum(per_step(first).values()) - sum(step.values()), 0.0)
+    else:  # one step: its one-off costs beyond baseline_eval stay in the per-step time (conservative)
+        step, first_step_extra_s = per_step(first), 0.0
+    grounded = k["reward"] == "grounded"
+    can_promote = grounded and k["promotion"]
+    max_promotions = 0
+    if can_promote:  # a promotion needs a full window; reset_window makes it a fresh one
+        w, steps = k["window"], k["steps"]
+        max_promotions = steps // w if cfg.promotion.reset_window else max(steps - w + 1, 0)
+    k_cal = calibration["K"]
+    k_high = max(k_cal, k["K_max"]) if can_promote and k["K_per_promotion"] > 0 else k_cal
+    k_scale = {"low": 1.0, "high": k_high / k_cal}
+    # A promotion (measured if the calibration had one): saves, the new baseline on hard-train and on
+    # hard-test; else estimated from the first baseline evaluation.
+    measured = [r["time/promotion_s"] for r in rows if "time/promotion_s" in r]
+    promotion_s = (float(np.mean(measured)) if measured else
+                   baseline_eval_s * (1 + calibration["hard_test"] / max(calibration["hard_train"], 1)))
+    one_off_s = {"low": first_step_extra_s + baseline_eval_s,
+                 "high": first_step_extra_s + baseline_eval_s + max_promotions * promotion_s}
+    step_s = {b: sum(step.values()) + step.get("rewards", 0.0) * (s - 1) for b, s in k_scale.items()}
+    total_s = {b: calibration["hard_set_s"] + one_off_s[b] + k["steps"] * step_s[b] for b in step_s}
+    compute = {name: float(np.mean([r.get(name, 0.0) for r in rows])) for name in sorted({n for r in rows for n in r})
+               if name.startswith("compute/")}
+    student_keys = ("compute/student_steps", "compute/student_tokens")  # grow with K; teacher tokens do not
+    totals = {name: {b: k["steps"] * v * (s if name in student_keys else 1.0) for b, s in k_scale.items()}
+              for name, v in compute.items()}
+    return {"K": {"low": k_cal, "high": k_high}, "max_promotions": max_promotions, "step_s": step_s,
+            "one_off_s": one_off_s, "promotion_s": promotion_s, "total_s": total_s,
+            "total_hours": {b: s / 3600 for b, s in total_s.items()}, "compute_totals": totals,
+            "per_step": {"phases_s": step, "compute": compute}, "first_step_extra_s": first_step_extra_s,
+            "baseline_eval_s": baseline_eval_s}
+
+
+def estimate(cfg, calibration_steps: int = 1, run_dir: str | Path | None = None) -> dict:
+    """Calibrate on ``calibration_steps`` outer steps of ``cfg``, then project the full run."""
+    calibration = calibrate(cfg, calibration_steps, run_dir)
+    return {"config": knobs(cfg), "calibration": calibration, "projection": project(calibration, cfg)}
+
+
+def rounded(value, digits: int = 3):
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return round(value, digits) if isinstance(value, float) else value
+
+
+def run_estimate(cfg, calibration_steps: int = 1) -> dict:
+    """The ``soar-estimate`` stage: prints the estimate as JSON."""
+    result = estimate(cfg, calibration_steps)
+    print(json.dumps(rounded(result), indent=2))
+    return result
