@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING
+try:
+    from omegaconf import MISSING
+except ImportError:  # trainer and model modules import without Hydra/OmegaConf (e.g. a bare GPU image)
+    MISSING = "???"
 
 from teachers.prompts import PAPER_TEACHER_PROMPT
 
@@ -50,6 +53,9 @@ class ModelConfig:
     """Hub revision (branch, tag or commit); recorded in manifests. Ignored for local paths."""
     dtype: str = "float32"
     """Weights dtype: float32 | bfloat16 | float16. CPU runs use float32."""
+    device: Optional[str] = None
+    """Torch device of the trained models (teacher, students); None: ``cuda`` when torch sees a
+    GPU (a Ray worker sees the ones it reserved), else ``cpu``."""
     max_context: Optional[int] = None
     """Context length to validate prompts against; None reads ``max_position_embeddings``."""
     trust_remote_code: bool = False

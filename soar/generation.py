@@ -83,7 +83,7 @@ class HFGenerator:
     def _generate_batch(self, prompts: list[str], params: SamplingParams) -> list[Sample]:
         tok = self.tokenizer
         tok.padding_side = "left"
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
         sampling = {} if params.greedy else {"temperature": params.temperature, "top_k": 0, "top_p": 1.0}
         res = self.model.generate(
             input_ids=enc.input_ids,

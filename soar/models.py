@@ -78,7 +78,8 @@ def load_model(model_cfg):
         trust_remote_code=model_cfg.trust_remote_code,
     )
     model.generation_config.pad_token_id = model.config.pad_token_id
-    return model
+    device = getattr(model_cfg, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    return model.to(device)
 
 
 def model_context(model, model_cfg) -> int:

@@ -214,15 +214,17 @@ class RLOOTrainer:
         normaliser = float(n if cfg.loss_norm == "sequence" else max(n_tokens, 1))
         pg_total, kl_total, sync_gap = 0.0, 0.0, 0.0
         self.model.train()
+        device = self.model.device
         for start in range(0, n, cfg.micro_batch_size):
             sl = slice(start, start + cfg.micro_batch_size)
-            ids, attn, mask = pack_sequences(prompt_ids[sl], completion_ids[sl], self.tokenizer.pad_token_id)
+            ids, attn, mask = (t.to(device) for t in pack_sequences(prompt_ids[sl], completion_ids[sl],
+                                                                    self.tokenizer.pad_token_id))
             ref_logp = self.reference_logprobs(ids, attn) if cfg.kl_coef > 0 else None
             logp = token_logprobs(self.model, ids, attn)
             if sampled_logprobs is not None:
-                engine = pack_completion_values(prompt_ids[sl], sampled_logprobs[sl], ids.shape[1])
+                engine = pack_completion_values(prompt_ids[sl], sampled_logprobs[sl], ids.shape[1]).to(device)
                 sync_gap += ((logp.detach() - engine).abs() * mask).sum().item()
-            loss, pg, kl_sum = rloo_loss(logp, ref_logp, mask, adv_B[sl], cfg.kl_coef, normaliser)
+            loss, pg, kl_sum = rloo_loss(logp, ref_logp, mask, adv_B[sl].to(device), cfg.kl_coef, normaliser)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite {self.role} loss at its step {self.step_count}")
             loss.backward()
