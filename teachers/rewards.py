@@ -78,6 +78,9 @@ class GroundedReward:
                    # the inner-loop learning curve: mean training reward at each inner step over the g*r students
                    "student/inner_reward_by_step": np.mean([[h["student/reward_mean"] for h in s.history]
                                                             for row in students_KR for s in row], axis=0).tolist()}
+        gaps = [h["student/sync_logprob_gap"] for h in history if "student/sync_logprob_gap" in h]
+        if gaps:  # students sampled by an engine: the worst weight-sync gap of the step
+            metrics["student/sync_logprob_gap_max"] = float(max(gaps))
         return GroupRewards(rewards_KR, students_KR, metrics)
 
     def close(self) -> None:

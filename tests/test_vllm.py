@@ -234,15 +234,25 @@ def test_adapter_versions_keep_engine_loras_and_files_flat(setup):
     assert engine.list_loras() - before == set()
 
 
-def test_loop_with_vllm_teacher_and_eval(setup, tmp_path):
-    """Two outer steps of the micro preset with the teacher and every evaluation on the shared engine."""
+LOCKSTEP = ["backend.student=vllm", "student.lora.r=8", "student.lora.alpha=16", "student.lr=1e-3",
+            "resources.lockstep=true"]
+
+
+@pytest.mark.parametrize("students", [[], LOCKSTEP], ids=["hf_students", "lockstep_lora_students"])
+def test_loop_with_vllm_teacher_and_eval(setup, tmp_path, students):
+    """Two outer steps of the micro preset (a promotion at step 2) with the teacher and every
+    evaluation on the shared engine; then with lockstep LoRA students sampled there too."""
     import soar
 
     cfg = soar.compose(vllm_overrides(setup[0].model.path) + [f"run.dir={tmp_path / 'run'}", "loop.steps=2",
-                                                            "run.progress=false", "loop.diversity_model=null"])
+                                                            "run.progress=false", "loop.diversity_model=null", *students])
     soar.train(cfg)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["promotion/count"] == 1
+    if students:  # rollouts came from the engine: checked against the trainers' log-probs
+        assert all(r["student/sync_logprob_gap_max"] < 1e-3 for r in rows)
+    else:
+        assert not any("student/sync_logprob_gap_max" in r for r in rows)
     assert all(r["teacher/valid_frac"] > 0 for r in rows)
     step = json.loads((tmp_path / "run" / "steps" / "step_000001.json").read_text())
     assert step["datasets"] and all(len(d["questions"]) == cfg.teacher.questions_per_dataset for d in step["datasets"])
