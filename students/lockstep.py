@@ -54,8 +54,7 @@ class LockstepStudents:
         seeds = [derive_seed(cfg.seed, "student", *task.key) for task in tasks]
         trainers = []
         for task, seed, gen in zip(tasks, seeds, self.generators("student", len(tasks))):
-            student_cfg = _with_steps(cfg.student, task.inner_steps)
-            trainers.append(RLOOTrainer(copy.deepcopy(baseline), self.tokenizer, self.grader, student_cfg,
+            trainers.append(RLOOTrainer(copy.deepcopy(baseline), self.tokenizer, self.grader, task.student_config(cfg.student),
                                         self.template, seed, batch_size=cfg.backend.batch_size, generator=gen))
         histories = [[] for _ in tasks]
         for step in range(max(task.inner_steps for task in tasks)):
@@ -93,8 +92,3 @@ class LockstepStudents:
                 gen.release()
         self.live = []
 
-
-def _with_steps(student_cfg, steps: int):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.merge(student_cfg, {"max_steps": steps})

@@ -69,6 +69,12 @@ class StudentTask:
     def name(self) -> str:
         return f"student (step {self.step}, group {self.group}, k {self.k}, j {self.j})"
 
+    def student_config(self, student_cfg):
+        """``student_cfg`` with this task's K."""
+        from omegaconf import OmegaConf
+
+        return OmegaConf.merge(student_cfg, {"max_steps": self.inner_steps})
+
 
 class StudentRunner:
     """Trains one student task against a baseline: the same code in the driver and in every worker."""
@@ -81,14 +87,11 @@ class StudentRunner:
         self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
 
     def run(self, baseline, task: StudentTask, reward_questions):
-        from omegaconf import OmegaConf
-
         from students.trainer import train_student
 
         cfg = self.cfg
-        student_cfg = OmegaConf.merge(cfg.student, {"max_steps": task.inner_steps})
-        return train_student(baseline, self.tokenizer, self.grader, list(task.problems), student_cfg, self.template,
-                             derive_seed(cfg.seed, "student", *task.key), {"qr": reward_questions},
+        return train_student(baseline, self.tokenizer, self.grader, list(task.problems), task.student_config(cfg.student),
+                             self.template, derive_seed(cfg.seed, "student", *task.key), {"qr": reward_questions},
                              cfg.inner.accuracy_samples, cfg.backend.batch_size, self.rollout_gen, self.eval_gen)
 
 

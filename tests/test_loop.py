@@ -113,12 +113,26 @@ def test_sigkill_at_fixed_phases_and_a_random_moment_then_resume_equals_uninterr
     (["teacher.reward=intrinsic"], "promotion.enabled"),
     (["inner.max_steps=1"], "inner.max_steps"),
     (["teacher.reward=novelty", "promotion.enabled=false"], "teacher.reward"),
+    (["resources.lockstep=true"], "resources.lockstep: lockstep students are LoRA adapters"),
+    (["resources.lockstep=true", "student.lora.r=8", "resources.num_workers=1"], "resources.lockstep: .*num_workers=0"),
 ])
 def test_config_errors_name_the_field(overrides, message):
     import soar
 
     with pytest.raises(soar.ConfigError, match=message):
         soar.validate(soar.compose(["experiment=arith_micro", "model.path=/tmp", *overrides]), "train")
+
+
+def test_lockstep_preset_is_arith_with_lora_students_on_one_engine():
+    import soar
+
+    arith, lock = soar.compose(["experiment=arith"]), soar.compose(["experiment=arith_lockstep", "model.path=/tmp"])
+    assert (lock.student.lora.r, lock.resources.lockstep, lock.backend.student, lock.backend.vllm.enable_lora) == \
+        (8, True, "vllm", True)
+    assert lock.backend.vllm.max_loras >= lock.teacher.datasets * lock.inner.replicates
+    assert (lock.teacher.datasets, lock.loop.steps, lock.promotion.tau) == (arith.teacher.datasets, arith.loop.steps,
+                                                                           arith.promotion.tau)
+    soar.validate(lock, "train")
 
 
 def test_more_reward_questions_than_hard_train_is_a_config_error(tiny_model_dir, tmp_path):
