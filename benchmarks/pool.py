@@ -1,5 +1,6 @@
 """The Ray student pool vs the same students one after another in one process, at equal total
-threads (issue 7, benchmark 4), plus memory per worker and per student (benchmark 5). Writes JSON.
+threads (issue 7, benchmark 4), plus memory per worker (per-student state: ``benchmarks/memory.py``).
+Writes JSON.
 
     python benchmarks/pool.py --out benchmarks/results/pool.json    # arith_micro world, ~2 min on 2 cores
 
@@ -42,15 +43,6 @@ def ray_system_rss_gb() -> float:
 def signature(results) -> list:
     return [(s.correct, [{k: v for k, v in h.items() if not k.startswith("time/")} for h in s.history])
             for s in results]
-
-
-def lora_state_ratio(r: int, hidden: int, intermediate: int, kv: int, layers: int, params: int) -> dict:
-    """Per-student training state, LoRA (adapter + its grads + 2 Adam moments) vs full fine-tuning
-    (policy + reference + grads + 2 Adam moments), on the 7 Llama projections."""
-    per_layer = (2 * hidden) * 2 + (hidden + kv) * 2 + (hidden + intermediate) * 3  # q,o | k,v | gate,up,down
-    adapter = r * per_layer * layers
-    return {"rank": r, "adapter_params": adapter, "model_params": params, "lora_state_floats": 4 * adapter,
-            "full_state_floats": 5 * params, "ratio": 4 * adapter / (5 * params)}
 
 
 def main() -> None:
@@ -124,18 +116,8 @@ def main() -> None:
     ray_gb = ray_system_rss_gb()
     pool.close()
 
-    n_params = sum(p.numel() for p in base.parameters())
-    c = base.config
-    memory = {
-        "worker_idle_rss_gb": idle_worker_gb, "worker_after_steps_rss_gb": busy_worker_gb,
-        "ray_system_rss_gb": ray_gb, "driver_rss_gb_before_ray": driver_rss_before_ray,
-        "tiny_model": {"params": n_params, "weights_mb": n_params * 4 / 2**20,
-                       "lora_r8": lora_state_ratio(8, c.hidden_size, c.intermediate_size,
-                                                   c.num_key_value_heads * (c.hidden_size // c.num_attention_heads),
-                                                   c.num_hidden_layers, n_params)},
-        # Llama-3.2-3B: hidden 3072, MLP 8192, 28 layers, 24 heads / 8 KV heads of 128, vocab 128256, tied.
-        "llama_3.2_3b": {f"lora_r{r}": lora_state_ratio(r, 3072, 8192, 1024, 28, 3_212_749_824) for r in (8, 16)},
-    }
+    memory = {"worker_idle_rss_gb": idle_worker_gb, "worker_after_steps_rss_gb": busy_worker_gb,
+              "ray_system_rss_gb": ray_gb, "driver_rss_gb_before_ray": driver_rss_before_ray}
     total_seq, total_pool = sum(seq_s), sum(pool_s)
     out = {"benchmark": "pool", "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                             "processor": platform.processor(), "loadavg_at_end": os.getloadavg()},

@@ -23,7 +23,6 @@ import json
 import logging
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 
