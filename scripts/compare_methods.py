@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the report step imports soar in this process, installed or not
 STAGES = {"soar-world": "world_main", "soar-filter": "filter_main", "soar-train": "train_main",
           "soar-export": "export_main", "soar-eval": "eval_main"}
 TEACHERS = {"Grounded-T": [], "Intrinsic-T": ["teacher.reward=intrinsic", "promotion.enabled=false"],
