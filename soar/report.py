@@ -73,9 +73,12 @@ def plot_training(runs: list[RunData], data: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     figures: list[str] = []
-    fig, ax = plt.subplots(figsize=(8, 4))  # teacher reward, MA, tau, promotions
+    # teacher reward, MA, tau, promotions: one panel per reward kind (grounded and intrinsic
+    # rewards are on different scales and mean different things)
+    kinds = sorted({run.config.teacher.reward for run in runs})
+    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 4.5), squeeze=False)
     for i, run in enumerate(runs):
-        d = data[run.run_id]
+        d, ax = data[run.run_id], axes[0][kinds.index(run.config.teacher.reward)]
         line = ax.plot(*d["reward"], marker=".", color=f"C{i % 10}", label=f"{run.run_id} R (mean over datasets)")[0]
         if d["moving_average"][0]:
             ax.plot(*d["moving_average"], ls="--", color=line.get_color(),
@@ -84,9 +87,11 @@ def plot_training(runs: list[RunData], data: dict, out: Path) -> list[str]:
             ax.axvline(s, color=line.get_color(), ls=":", alpha=0.7)
         ax.scatter(d["promotion_steps"], [dict(zip(*d["reward"])).get(s, np.nan) for s in d["promotion_steps"]],
                    marker="*", s=150, color=line.get_color(), zorder=5)
-    ax.axhline(runs[0].config.promotion.tau, color="k", lw=0.8, label=f"tau = {runs[0].config.promotion.tau}")
-    ax.set(xlabel="outer step", ylabel="grounded reward", title="Teacher reward (stars / dotted: promotions)")
-    ax.legend(fontsize=7)
+    for kind, ax in zip(kinds, axes[0]):
+        if kind == "grounded":
+            ax.axhline(runs[0].config.promotion.tau, color="k", lw=0.8, label=f"tau = {runs[0].config.promotion.tau}")
+        ax.set(xlabel="outer step", ylabel=f"{kind} reward", title=f"Teacher reward, {kind} (stars / dotted: promotions)")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=2, frameon=False)
     _save(fig, out, "teacher_reward.png", figures)
 
     fig, ax = plt.subplots(figsize=(8, 4))  # per-dataset replicate gains
