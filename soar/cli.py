@@ -68,12 +68,18 @@ def filter_main() -> None:
     _entry(run_filter_stage)
 
 
+def with_default_experiment(args: list[str]) -> list[str]:
+    """``args`` with ``experiment=arith`` (the embedded world) first unless they choose an experiment."""
+    if any(a.split("=")[0].lstrip("+~") == "experiment" for a in args):
+        return args
+    return ["experiment=arith", *args]
+
+
 def train_main() -> None:
     """``soar-train``: without ``experiment=...`` it runs the embedded world (``experiment=arith``)."""
     from soar.loop import run_train
 
-    if not any(a.split("=")[0].lstrip("+~") == "experiment" for a in sys.argv[1:]):
-        sys.argv.insert(1, "experiment=arith")
+    sys.argv = [sys.argv[0], *with_default_experiment(sys.argv[1:])]
     _entry(run_train)
 
 
@@ -93,9 +99,7 @@ def estimate_main() -> None:
             steps = int(value)
         else:
             args.append(arg)
-    if not any(a.split("=")[0].lstrip("+~") == "experiment" for a in args):
-        args.insert(0, "experiment=arith")
-    sys.argv = [sys.argv[0], *args]
+    sys.argv = [sys.argv[0], *with_default_experiment(args)]
     _entry(lambda cfg: run_estimate(cfg, steps))
 
 
