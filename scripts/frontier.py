@@ -58,7 +58,7 @@ def mean_se(xs) -> dict:
 
 def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) -> list[dict]:
     from soar.generation import HFGenerator, SamplingParams
-    from soar.worlds.arith import carries_of, oracle_answer, parse_question
+    from soar.worlds.arith import carries_of, carry_plan, oracle_answer, parse_question
     from teachers.parse import Pair, parse_pair
 
     outs = HFGenerator(model, tok, batch_size=512).generate(
@@ -72,6 +72,8 @@ def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) ->
             q = parse_question(parsed.question)
             if q is not None and q[2] == d:
                 row.update(well_formed=True, carries=carries_of(*q), answer_correct=parsed.answer == oracle_answer(parsed.question))
+                if wcfg.teacher_plan:  # did the teacher write the carries it planned?
+                    row["plan_followed"] = s.text.startswith(carry_plan(*q) + "<")
             else:
                 row.update(well_formed=False, carries=None, answer_correct=False)
         rows.append(row)
@@ -102,7 +104,7 @@ def main() -> None:
     from soar.worlds.arith import family_problems, pretrain, world_config, write_families
     from students.trainer import correctness
 
-    overrides = ["data=arith", "data.path=unused", "student=arith", *args.overrides]
+    overrides = ["data=arith", "data.path=unused", "student=arith", "teacher=arith", *args.overrides]
     cfg = soar.compose(overrides + [f"filter.k={args.k}", "filter.max_tokens=24", "filter.problems_per_batch=4"])
     wcfg = world_config(cfg)
     out = Path(args.out)
@@ -146,7 +148,7 @@ def main() -> None:
 
     # 3. teacher behaviour of the base model
     # Enough teacher samples for --datasets x --n valid pairs even at a 50 % valid rate.
-    samples = teacher_samples(model, tok, wcfg, max(1024, 2 * args.datasets * args.n), cfg.seed + 7, max_tokens=96)
+    samples = teacher_samples(model, tok, wcfg, max(1024, 2 * args.datasets * args.n), cfg.seed + 7, max_tokens=cfg.teacher.max_tokens)
     valid = [s for s in samples if s["valid"]]
     wf = [s for s in valid if s.get("well_formed")]
     s_like = [s for s in wf if s["carries"] in wcfg.stepping_carries]
@@ -165,6 +167,7 @@ def main() -> None:
         "answer_correct_frac_of_valid": float(np.mean([s["answer_correct"] for s in valid])) if valid else 0.0,
         "s_like_frac_of_valid": len(s_like) / max(len(valid), 1),
         "carries_hist": {str(c): sum(1 for s in wf if s["carries"] == c) for c in range(wcfg.digits + 1)},
+        "plan_followed_frac_of_well_formed": float(np.mean([s["plan_followed"] for s in wf])) if wcfg.teacher_plan and wf else None,
         "reject_reasons": reasons}
     print("base teacher:", report["base_teacher"], flush=True)
 

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import run_cli, script
 from soar.worlds.arith import (ArithWorldConfig, carries_of, family_problems, lsb, make_problem, pretrain,
-                               sample_pair, world_hash)
+                               sample_pair, teacher_completion, world_hash)
 from teachers import Pair, format_pair, parse_pair
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,6 +44,20 @@ def test_families_are_disjoint_and_graded():
 def test_teacher_format_round_trips():
     p = make_problem(5, 7, 3, "x")
     assert parse_pair(format_pair(p.question, p.answer)) == Pair(p.question, p.answer)
+
+
+def test_teacher_plan_marks_the_carries_and_parses_to_the_pair():
+    rng = np.random.default_rng(3)
+    for k in (0, 4, 10):
+        a, b = sample_pair(rng, 10, k)
+        text, offset = teacher_completion(a, b, ArithWorldConfig(digits=10, teacher_plan=True))
+        plan, rest = text.split("<question>", 1)
+        assert plan == "carries " + "".join(str(int((a % 10 ** (i + 1)) + (b % 10 ** (i + 1)) >= 10 ** (i + 1)))
+                                            for i in range(10))
+        assert plan.count("1") == k
+        p = make_problem(a, b, 10, "x")
+        assert parse_pair(text) == Pair(p.question, p.answer) and text[offset:offset + 11] == p.answer
+        assert teacher_completion(a, b, ArithWorldConfig(digits=10))[0] == format_pair(p.question, p.answer)
 
 
 def test_pretraining_is_deterministic_and_cached(tmp_path):

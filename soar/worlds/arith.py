@@ -52,6 +52,14 @@ class ArithWorldConfig:
     teacher_answer_max_carries: int | None = None
     """Teacher-format answers are learned (loss on their digits) only up to this carry count (None:
     always), so a wide teacher mix does not teach the student role to carry further."""
+    teacher_plan: bool = False
+    """Teacher completions open with a carry plan (``carries 0110...``: one bit per position,
+    least-significant first, 1 where the sum carries), as the world's own sampler picks carries
+    before digits; the parser keeps only the tagged pair, so students never see it. An experiment
+    for teacher answers learned at every carry count (``teacher_answer_max_carries: null``):
+    measured, the plan kept that skill out of the student role in one of two builds, not in the
+    other, and the base teacher follows its own plan a third of the time (README, "The embedded
+    world"). Adds ``digits + 8`` tokens: raise ``teacher.max_tokens`` (112 for 12 digits)."""
     hard_carries: list[int] = field(default_factory=lambda: [10])
     """Carry counts of the hard-set candidates (H), filtered with fail@k."""
     stepping_carries: list[int] = field(default_factory=lambda: [7, 8])
@@ -99,13 +107,17 @@ class ArithWorldConfig:
     """Where to save; None caches under ``~/.cache/soar/worlds/<config hash>``."""
 
 
-def carries_of(a: int, b: int, digits: int) -> int:
-    count, carry = 0, 0
+def carry_bits(a: int, b: int, digits: int) -> list[int]:
+    """1 at each position (least-significant first) where ``a + b`` carries."""
+    bits, carry = [], 0
     for i in range(digits):
-        s = (a // 10 ** i) % 10 + (b // 10 ** i) % 10 + carry
-        carry = int(s >= 10)
-        count += carry
-    return count
+        carry = int((a // 10 ** i) % 10 + (b // 10 ** i) % 10 + carry >= 10)
+        bits.append(carry)
+    return bits
+
+
+def carries_of(a: int, b: int, digits: int) -> int:
+    return sum(carry_bits(a, b, digits))
 
 
 def sample_pair(rng: np.random.Generator, digits: int, carries: int) -> tuple[int, int]:
@@ -141,6 +153,17 @@ def generate_problems(digits: int, carries: int, count: int, seed: int, prefix: 
 
 def completion_text(answer: str) -> str:
     return f"\\boxed{{{answer}}}"
+
+
+def carry_plan(a: int, b: int, digits: int) -> str:
+    return "carries " + "".join(map(str, carry_bits(a, b, digits)))
+
+
+def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int]:
+    """The pretraining teacher completion for ``a + b`` and the offset of its answer digits."""
+    p = make_problem(a, b, wcfg.digits, "teacher")
+    completion = (carry_plan(a, b, wcfg.digits) if wcfg.teacher_plan else "") + format_pair(p.question, p.answer)
+    return completion, completion.index("\\boxed{") + len("\\boxed{")
 
 
 # Fields that do not change the pretrained model: left out of its cache key.
@@ -208,14 +231,14 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
         texts, prompt_lens, masked_spans = [], [], []
         for teacher in as_teacher:
             c = int(rng.choice(len(t_weights), p=t_weights) if teacher else rng.choice(len(weights), p=weights))
-            p = make_problem(*sample_pair(rng, wcfg.digits, c), wcfg.digits, "train")
+            a, b = sample_pair(rng, wcfg.digits, c)
             span = None
             if teacher:
-                prompt, completion = wcfg.teacher_prompt, format_pair(p.question, p.answer)
+                prompt, (completion, offset) = wcfg.teacher_prompt, teacher_completion(a, b, wcfg)
                 if wcfg.teacher_answer_max_carries is not None and c > wcfg.teacher_answer_max_carries:
-                    start = len(prompt) + completion.index("\\boxed{") + len("\\boxed{")
-                    span = (start, start + len(p.answer))
+                    span = (len(prompt) + offset, len(prompt) + offset + wcfg.digits + 1)
             else:
+                p = make_problem(a, b, wcfg.digits, "train")
                 prompt, completion = render_prompt(wcfg.student_template, p.question), completion_text(p.answer)
             prompt_lens.append(len(prompt))  # one token per character
             masked_spans.append(span)
