@@ -58,8 +58,8 @@ class ArithWorldConfig:
     before digits; the parser keeps only the tagged pair, so students never see it. An experiment
     for teacher answers learned at every carry count (``teacher_answer_max_carries: null``):
     measured, the plan kept that skill out of the student role in one of two builds, not in the
-    other, and the base teacher follows its own plan a third of the time (README, "The embedded
-    world"). Adds ``digits + 8`` tokens: raise ``teacher.max_tokens`` (112 for 12 digits)."""
+    other, and the base teacher writes the carries it planned in only 42-51 % of its pairs (README,
+    "The embedded world"). Adds ``digits + 8`` tokens: raise ``teacher.max_tokens`` (112 for 12 digits)."""
     hard_carries: list[int] = field(default_factory=lambda: [10])
     """Carry counts of the hard-set candidates (H), filtered with fail@k."""
     stepping_carries: list[int] = field(default_factory=lambda: [7, 8])
