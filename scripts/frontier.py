@@ -40,13 +40,13 @@ def _init_worker(model_dir: str, overrides: list[str]) -> None:
 
 
 def _student(task):
-    """(label, seed, problems, eval_sets) -> (label, seed, accuracy, correct vectors, seconds)."""
+    """(label, seed, problems, eval_sets, eval_samples) -> (label, seed, accuracy, correct vectors, seconds)."""
     from students.trainer import train_student
 
-    label, seed, problems, eval_sets = task
+    label, seed, problems, eval_sets, eval_samples = task
     w, t0 = _WORKER, time.perf_counter()
     res = train_student(w["model"], w["tok"], w["grader"], problems, w["cfg"].student, w["cfg"].data.prompt_template,
-                        seed, eval_sets)
+                        seed, eval_sets, eval_samples)
     return label, seed, res.accuracy, res.correct, time.perf_counter() - t0
 
 
@@ -72,8 +72,8 @@ def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) ->
             q = parse_question(parsed.question)
             if q is not None and q[2] == d:
                 row.update(well_formed=True, carries=carries_of(*q), answer_correct=parsed.answer == oracle_answer(parsed.question))
-                if wcfg.teacher_plan:  # did the teacher write the carries it planned?
-                    row["plan_followed"] = s.text.startswith(carry_plan(*q) + "<")
+                if wcfg.teacher_carries != "none":  # are the carries it wrote those of its question?
+                    row["plan_followed"] = carry_plan(*q) + "<" in s.text
             else:
                 row.update(well_formed=False, carries=None, answer_correct=False)
         rows.append(row)
@@ -88,6 +88,8 @@ def main() -> None:
     ap.add_argument("--datasets", type=int, default=50, help="untrained-teacher datasets for the reward signal")
     ap.add_argument("--n", type=int, default=32, help="questions per teacher dataset")
     ap.add_argument("--qr", type=int, default=64, help="reward questions M drawn from hard train")
+    ap.add_argument("--accuracy-samples", type=int, default=0,
+                    help="reward Acc on Q_R: 0 greedy (paper), >0 mean over this many T=1 samples (inner.accuracy_samples)")
     ap.add_argument("--g", type=int, default=4, help="datasets per outer step (for tau)")
     ap.add_argument("--k", type=int, default=128, help="fail@k samples")
     ap.add_argument("--workers", type=int, default=2)
@@ -167,7 +169,7 @@ def main() -> None:
         "answer_correct_frac_of_valid": float(np.mean([s["answer_correct"] for s in valid])) if valid else 0.0,
         "s_like_frac_of_valid": len(s_like) / max(len(valid), 1),
         "carries_hist": {str(c): sum(1 for s in wf if s["carries"] == c) for c in range(wcfg.digits + 1)},
-        "plan_followed_frac_of_well_formed": float(np.mean([s["plan_followed"] for s in wf])) if wcfg.teacher_plan and wf else None,
+        "plan_followed_frac_of_well_formed": float(np.mean([s["plan_followed"] for s in wf])) if wcfg.teacher_carries != "none" and wf else None,
         "reject_reasons": reasons}
     print("base teacher:", report["base_teacher"], flush=True)
 
@@ -176,7 +178,7 @@ def main() -> None:
 
     eval_sets = {"hard_train": hard_train, "hard_test": hard_test}
     families = [f for f in args.families.split(",") if f]
-    tasks = [(fam, 1000 + j, probs, eval_sets) for fam, probs in (("S", stepping), ("C", control), ("H", hard_train))
+    tasks = [(fam, 1000 + j, probs, eval_sets, 0) for fam, probs in (("S", stepping), ("C", control), ("H", hard_train))
              if fam in families for j in range(args.students)]
     pairs = valid[: args.datasets * args.n]
     n_sets = 0 if args.skip_signal else len(pairs) // args.n
@@ -187,7 +189,7 @@ def main() -> None:
         s_frac = float(np.mean([s.get("carries") in wcfg.stepping_carries for s in chunk]))
         datasets.append({"s_frac": s_frac, "s_correct_frac": float(np.mean([s.get("carries") in wcfg.stepping_carries and s["answer_correct"] for s in chunk])),
                          "answer_correct_frac": float(np.mean([s["answer_correct"] for s in chunk]))})
-        tasks.append((f"D{i}", 2000 + i, probs, {"hard_train": hard_train}))
+        tasks.append((f"D{i}", 2000 + i, probs, {"hard_train": hard_train}, args.accuracy_samples))
     ctx = mp.get_context("spawn")
     results = []
     with ctx.Pool(args.workers, initializer=_init_worker, initargs=(str(model_dir), overrides)) as pool_:
@@ -202,13 +204,17 @@ def main() -> None:
     print("inner-loop gains:", {f: {s: (v["mean"], v["se"]) for s, v in d.items()} for f, d in report["inner_loop_gains"].items()}, flush=True)
 
     rng = np.random.default_rng(cfg.seed + 11)
-    rewards = []
+    base_reward = base_train if not args.accuracy_samples else correctness(
+        gen, grader, hard_train, cfg.data.prompt_template, max_tokens=24, samples=args.accuracy_samples, seed=cfg.seed + 13)
+    rewards, rewards_all = [], []
     for i, d in enumerate(datasets):
         r = next(r for r in results if r[0] == f"D{i}")
         qr = rng.choice(len(hard_train), size=min(args.qr, len(hard_train)), replace=False)
         correct = np.asarray(r[3]["hard_train"], dtype=float)
-        d["reward"] = float(correct[qr].mean() - np.asarray(base_train, dtype=float)[qr].mean())
+        d["reward"] = float(correct[qr].mean() - np.asarray(base_reward, dtype=float)[qr].mean())
+        d["reward_all_hard_train"] = float(correct.mean() - np.mean(base_reward))  # M = all of hard train
         rewards.append(d["reward"])
+        rewards_all.append(d["reward_all_hard_train"])
     if len(datasets) >= 3:
         sf = np.array([d["s_frac"] for d in datasets])
         rw = np.array(rewards)
@@ -226,8 +232,11 @@ def main() -> None:
             mas.append(np.mean(steps))
         sc = np.array([d["s_correct_frac"] for d in datasets])
         corr_sc = float(np.corrcoef(sc, rw)[0, 1]) if sc.std() > 0 and rw.std() > 0 else float("nan")
-        report["reward_signal"] = {"datasets": len(datasets), "correlation_sfrac_reward": corr, "bootstrap_ci95": ci,
+        ra = np.array(rewards_all)
+        report["reward_signal"] = {"datasets": len(datasets), "accuracy_samples": args.accuracy_samples,
+                                   "correlation_sfrac_reward": corr, "bootstrap_ci95": ci,
                                    "correlation_s_correct_frac_reward": corr_sc,
+                                   "correlation_sfrac_reward_all_hard_train": float(np.corrcoef(sf, ra)[0, 1]) if ra.std() > 0 else float("nan"),
                                    "reward_mean": float(rw.mean()), "reward_sd": float(rw.std(ddof=1)),
                                    "tau_p95_ma3": float(np.percentile(mas, 95)), "per_dataset": datasets}
         print("reward signal:", {k: v for k, v in report["reward_signal"].items() if k != "per_dataset"}, flush=True)

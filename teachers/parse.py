@@ -1,6 +1,7 @@
 """Parse a teacher completion into a (question, answer) pair or a typed rejection (paper §2):
 kept only with opening and closing question/answer tags, a ``\\boxed{}`` answer, and boxed
-content the grader can parse. First pair wins; empty parts are rejected."""
+content the grader can parse. First pair wins; empty parts are rejected; text outside the tags
+(before, between or after them) is ignored."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def parse_pair(text: str, fmt: TeacherFormat = TeacherFormat(), answer_ok=None,
     """``answer_ok(answer) -> bool`` checks the boxed content is parseable (e.g. by the grader)."""
     q, a = re.escape(fmt.question_tag), re.escape(fmt.answer_tag)
     # The paper's prompt prints the question closer as <question>; accept it and </question>.
-    m = re.search(rf"<{q}>(.*?)</?{q}>\s*<{a}>(.*?)</{a}>", text, flags=re.S)
+    # Reasoning goes outside the tags (the paper's rule), so text may sit between question and answer.
+    m = re.search(rf"<{q}>((?:(?!</?{q}>).)*?)</?{q}>(?:(?!<{q}>).)*?<{a}>(.*?)</{a}>", text, flags=re.S)
     if m is None:
         return Reject("no_tags")
     question, answer_span = m.group(1).strip(), m.group(2)

@@ -1,5 +1,5 @@
 """The outer loop's decisions, pinned by hand: set-level advantages, promotion (moving average,
-window reset, median replicate), intrinsic rewards, rejection sampling, diversity metrics."""
+window reset, median replicate), intrinsic rewards, teacher-output parsing, rejection sampling, diversity metrics."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import pytest
 from soar.diversity import mean_pairwise_cosine_distance, vendi_score
 from soar.generation import Sample, SamplingParams
 from students.promotion import PromotionPolicy, median_replicate
-from teachers.parse import Pair, Reject
+from teachers.parse import Pair, Reject, parse_pair
 from teachers.rewards import intrinsic_question_reward
 from teachers.sampling import RejectionCapError, sample_valid
 from teachers.update import dataset_advantages
@@ -101,6 +101,22 @@ class ScriptedGenerator:
 
 def parse(text):
     return Pair(text, "1") if text.startswith("ok") else Reject("no_tags")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<question>1+2</question><answer>\\boxed{3}</answer>", Pair("1+2", "3")),
+    ("<question>1+2<question> <answer>\\boxed{3}</answer>", Pair("1+2", "3")),  # the paper prompt's closer typo
+    ("Plan: add.\n<question>1+2</question>\nso 3\n<answer>\\boxed{3}</answer> done", Pair("1+2", "3")),
+    ("<question>1+2</question>x<question>5</question><answer>\\boxed{5}</answer>", Pair("5", "5")),
+    ("<question>1</question><answer>\\boxed{1}</answer><question>2</question><answer>\\boxed{2}</answer>", Pair("1", "1")),
+    ("<question>1+2</question>", Reject("no_tags")),
+    ("<question> </question><answer>\\boxed{3}</answer>", Reject("empty_question")),
+    ("<question>1+2</question><answer>3</answer>", Reject("no_box")),
+    ("<question>1+2</question><answer>\\boxed{three}</answer>", Reject("unparseable_answer")),
+    ("<question>1+2+3</question><answer>\\boxed{6}</answer>", Reject("question_too_long")),
+])
+def test_parse_pair_keeps_the_first_tagged_pair_and_ignores_text_outside_tags(text, expected):
+    assert parse_pair(text, answer_ok=str.isdigit, max_question_chars=3) == expected
 
 
 def test_rejection_sampling_keeps_first_valid_in_order_and_counts_rejects():

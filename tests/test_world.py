@@ -46,18 +46,27 @@ def test_teacher_format_round_trips():
     assert parse_pair(format_pair(p.question, p.answer)) == Pair(p.question, p.answer)
 
 
-def test_teacher_plan_marks_the_carries_and_parses_to_the_pair():
+@pytest.mark.parametrize("mode", ["plan", "worked"])
+def test_teacher_carries_mark_the_carries_and_parse_to_the_pair(mode):
     rng = np.random.default_rng(3)
     for k in (0, 4, 10):
         a, b = sample_pair(rng, 10, k)
-        text, offset = teacher_completion(a, b, ArithWorldConfig(digits=10, teacher_plan=True))
-        plan = text.split("<question>", 1)[0]
-        assert plan == "carries " + "".join(str(int((a % 10 ** (i + 1)) + (b % 10 ** (i + 1)) >= 10 ** (i + 1)))
-                                            for i in range(10))
-        assert plan.count("1") == k
+        text, offset = teacher_completion(a, b, ArithWorldConfig(digits=10, teacher_carries=mode))
         p = make_problem(a, b, 10, "x")
+        bits = "".join(str(int((a % 10 ** (i + 1)) + (b % 10 ** (i + 1)) >= 10 ** (i + 1))) for i in range(10))
+        assert bits.count("1") == k
+        plan = "carries " + bits
+        # plan: before the question; worked: between the question and the answer
+        assert text.startswith(plan) if mode == "plan" else f"</question>{plan}<answer>" in text
         assert parse_pair(text) == Pair(p.question, p.answer) and text[offset:offset + 11] == p.answer
         assert teacher_completion(a, b, ArithWorldConfig(digits=10))[0] == format_pair(p.question, p.answer)
+
+
+def test_unknown_teacher_carries_mode_is_a_config_error(tmp_path):
+    from soar.config import ConfigError
+
+    with pytest.raises(ConfigError, match="world.teacher_carries"):
+        pretrain(ArithWorldConfig(digits=2, teacher_carries="after", out_dir=str(tmp_path / "w")), seed=0, progress=False)
 
 
 def test_pretraining_is_deterministic_and_cached(tmp_path):

@@ -52,14 +52,13 @@ class ArithWorldConfig:
     teacher_answer_max_carries: int | None = None
     """Teacher-format answers are learned (loss on their digits) only up to this carry count (None:
     always), so a wide teacher mix does not teach the student role to carry further."""
-    teacher_plan: bool = False
-    """Teacher completions open with a carry plan (``carries 0110...``: one bit per position,
-    least-significant first, 1 where the sum carries), as the world's own sampler picks carries
-    before digits; the parser keeps only the tagged pair, so students never see it. An experiment
-    for teacher answers learned at every carry count (``teacher_answer_max_carries: null``):
-    measured, the plan kept that skill out of the student role in one of two builds, not in the
-    other, and the base teacher writes the carries it planned in only 42-51 % of its pairs (README,
-    "The embedded world"). Adds ``digits + 8`` tokens: raise ``teacher.max_tokens`` (112 for 12 digits)."""
+    teacher_carries: str = "none"
+    """Carry bits (``carries 0110...``: one per position, least-significant first, 1 where the sum
+    carries) in the teacher's completion, outside the tags, so students never see them: ``none``;
+    ``plan``: before the question, as the world's own sampler picks carries before digits; ``worked``:
+    worked out from the question, between it and the answer (a scratchpad). Experiments for teacher
+    answers learned at every carry count (``teacher_answer_max_carries: null``); measured in the README,
+    "The embedded world". Adds ``digits + 8`` tokens: raise ``teacher.max_tokens`` (112 for 12 digits)."""
     hard_carries: list[int] = field(default_factory=lambda: [10])
     """Carry counts of the hard-set candidates (H), filtered with fail@k."""
     stepping_carries: list[int] = field(default_factory=lambda: [7, 8])
@@ -159,10 +158,16 @@ def carry_plan(a: int, b: int, digits: int) -> str:
     return "carries " + "".join(map(str, carry_bits(a, b, digits)))
 
 
+TEACHER_CARRIES = ("none", "plan", "worked")
+
+
 def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int]:
     """The pretraining teacher completion for ``a + b`` and the offset of its answer digits."""
     p = make_problem(a, b, wcfg.digits, "teacher")
-    completion = (carry_plan(a, b, wcfg.digits) if wcfg.teacher_plan else "") + format_pair(p.question, p.answer)
+    pair = format_pair(p.question, p.answer)
+    plan = carry_plan(a, b, wcfg.digits)
+    completion = {"none": pair, "plan": plan + pair,
+                  "worked": pair.replace("<answer>", plan + "<answer>", 1)}[wcfg.teacher_carries]
     return completion, completion.index("\\boxed{") + len("\\boxed{")
 
 
@@ -205,6 +210,10 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
     if (out / "train_info.json").exists():
         log.info("world model cached at %s", out)
         return out
+    if wcfg.teacher_carries not in TEACHER_CARRIES:
+        from soar.config import ConfigError
+
+        raise ConfigError(f"config error: world.teacher_carries: {wcfg.teacher_carries!r} is not one of {TEACHER_CARRIES}")
     for name in ("pretrain_carry_weights", "teacher_carry_weights"):
         weights = getattr(wcfg, name)
         if weights is not None and len(weights) > wcfg.digits + 1:
