@@ -46,7 +46,7 @@ def test_teacher_format_round_trips():
     assert parse_pair(format_pair(p.question, p.answer)) == Pair(p.question, p.answer)
 
 
-@pytest.mark.parametrize("mode", ["plan", "worked"])
+@pytest.mark.parametrize("mode", ["plan", "worked", "both"])
 def test_teacher_carries_mark_the_carries_and_parse_to_the_pair(mode):
     rng = np.random.default_rng(3)
     for k in (0, 4, 10):
@@ -56,8 +56,8 @@ def test_teacher_carries_mark_the_carries_and_parse_to_the_pair(mode):
         bits = "".join(str(int((a % 10 ** (i + 1)) + (b % 10 ** (i + 1)) >= 10 ** (i + 1))) for i in range(10))
         assert bits.count("1") == k
         plan = "carries " + bits
-        # plan: before the question; worked: between the question and the answer
-        assert text.startswith(plan) if mode == "plan" else f"</question>{plan}<answer>" in text
+        # plan: before the question; worked: between the question and the answer; both
+        assert text.startswith(plan) == (mode != "worked") and (f"</question>{plan}<answer>" in text) == (mode != "plan")
         assert parse_pair(text) == Pair(p.question, p.answer) and text[offset:offset + 11] == p.answer
         assert teacher_completion(a, b, ArithWorldConfig(digits=10))[0] == format_pair(p.question, p.answer)
 

@@ -56,9 +56,9 @@ class ArithWorldConfig:
     """Carry bits (``carries 0110...``: one per position, least-significant first, 1 where the sum
     carries) in the teacher's completion, outside the tags, so students never see them: ``none``;
     ``plan``: before the question, as the world's own sampler picks carries before digits; ``worked``:
-    worked out from the question, between it and the answer (a scratchpad). Experiments for teacher
+    worked out from the question, between it and the answer (a scratchpad); ``both``. Experiments for teacher
     answers learned at every carry count (``teacher_answer_max_carries: null``); measured in the README,
-    "The embedded world". Adds ``digits + 8`` tokens: raise ``teacher.max_tokens`` (112 for 12 digits)."""
+    "The embedded world". Adds ``digits + 8`` tokens each: raise ``teacher.max_tokens`` (112 for 12 digits, 132 for ``both``)."""
     hard_carries: list[int] = field(default_factory=lambda: [10])
     """Carry counts of the hard-set candidates (H), filtered with fail@k."""
     stepping_carries: list[int] = field(default_factory=lambda: [7, 8])
@@ -158,7 +158,7 @@ def carry_plan(a: int, b: int, digits: int) -> str:
     return "carries " + "".join(map(str, carry_bits(a, b, digits)))
 
 
-TEACHER_CARRIES = ("none", "plan", "worked")
+TEACHER_CARRIES = ("none", "plan", "worked", "both")
 
 
 def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int]:
@@ -166,8 +166,8 @@ def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int
     p = make_problem(a, b, wcfg.digits, "teacher")
     pair = format_pair(p.question, p.answer)
     plan = carry_plan(a, b, wcfg.digits)
-    completion = {"none": pair, "plan": plan + pair,
-                  "worked": pair.replace("<answer>", plan + "<answer>", 1)}[wcfg.teacher_carries]
+    worked = pair.replace("<answer>", plan + "<answer>", 1)
+    completion = {"none": pair, "plan": plan + pair, "worked": worked, "both": plan + worked}[wcfg.teacher_carries]
     return completion, completion.index("\\boxed{") + len("\\boxed{")
 
 
