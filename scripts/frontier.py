@@ -73,7 +73,7 @@ def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) ->
             if q is not None and q[2] == d:
                 row.update(well_formed=True, carries=carries_of(*q), answer_correct=parsed.answer == oracle_answer(parsed.question))
                 if wcfg.teacher_carries != "none":  # are the carries it wrote those of its question?
-                    row["plan_followed"] = carry_plan(*q) + "<" in s.text
+                    row["carries_right"] = carry_plan(*q) + "<" in s.text
             else:
                 row.update(well_formed=False, carries=None, answer_correct=False)
         rows.append(row)
@@ -169,7 +169,7 @@ def main() -> None:
         "answer_correct_frac_of_valid": float(np.mean([s["answer_correct"] for s in valid])) if valid else 0.0,
         "s_like_frac_of_valid": len(s_like) / max(len(valid), 1),
         "carries_hist": {str(c): sum(1 for s in wf if s["carries"] == c) for c in range(wcfg.digits + 1)},
-        "plan_followed_frac_of_well_formed": float(np.mean([s["plan_followed"] for s in wf])) if wcfg.teacher_carries != "none" and wf else None,
+        "carries_right_frac_of_well_formed": float(np.mean([s["carries_right"] for s in wf])) if wcfg.teacher_carries != "none" and wf else None,
         "reject_reasons": reasons}
     print("base teacher:", report["base_teacher"], flush=True)
 
