@@ -56,6 +56,11 @@ def mean_se(xs) -> dict:
             "n": int(len(xs)), "values": [float(x) for x in xs]}
 
 
+def correlation(x, y) -> float:
+    """Pearson r; NaN where either side is constant."""
+    return float(np.corrcoef(x, y)[0, 1]) if np.std(x) > 0 and np.std(y) > 0 else float("nan")
+
+
 def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) -> list[dict]:
     from soar.generation import HFGenerator, SamplingParams
     from soar.worlds.arith import carries_of, carry_plan, oracle_answer, parse_question
@@ -218,7 +223,7 @@ def main() -> None:
     if len(datasets) >= 3:
         sf = np.array([d["s_frac"] for d in datasets])
         rw = np.array(rewards)
-        corr = float(np.corrcoef(sf, rw)[0, 1]) if sf.std() > 0 and rw.std() > 0 else float("nan")
+        corr = correlation(sf, rw)
         boots = []
         for _ in range(2000):
             idx = rng.integers(0, len(sf), len(sf))
@@ -231,12 +236,11 @@ def main() -> None:
             steps = [rng.choice(rw, size=args.g, replace=False).mean() for _ in range(3)]
             mas.append(np.mean(steps))
         sc = np.array([d["s_correct_frac"] for d in datasets])
-        corr_sc = float(np.corrcoef(sc, rw)[0, 1]) if sc.std() > 0 and rw.std() > 0 else float("nan")
-        ra = np.array(rewards_all)
+        corr_sc = correlation(sc, rw)
         report["reward_signal"] = {"datasets": len(datasets), "accuracy_samples": args.accuracy_samples,
                                    "correlation_sfrac_reward": corr, "bootstrap_ci95": ci,
                                    "correlation_s_correct_frac_reward": corr_sc,
-                                   "correlation_sfrac_reward_all_hard_train": float(np.corrcoef(sf, ra)[0, 1]) if ra.std() > 0 else float("nan"),
+                                   "correlation_sfrac_reward_all_hard_train": correlation(sf, rewards_all),
                                    "reward_mean": float(rw.mean()), "reward_sd": float(rw.std(ddof=1)),
                                    "tau_p95_ma3": float(np.percentile(mas, 95)), "per_dataset": datasets}
         print("reward signal:", {k: v for k, v in report["reward_signal"].items() if k != "per_dataset"}, flush=True)
