@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, script
-from soar.worlds.arith import (ArithWorldConfig, carries_of, family_problems, lsb, make_problem, pretrain,
-                               sample_pair, teacher_completion, world_hash)
+from soar.worlds.arith import (ArithWorldConfig, carries_of, family_problems, loss_backward, lsb, make_problem,
+                               pretrain, sample_pair, teacher_completion, world_hash)
 from teachers import Pair, format_pair, parse_pair
 
 pytestmark = pytest.mark.timeout(300)
@@ -67,6 +67,33 @@ def test_unknown_teacher_carries_mode_is_a_config_error(tmp_path):
 
     with pytest.raises(ConfigError, match="world.teacher_carries"):
         pretrain(ArithWorldConfig(digits=2, teacher_carries="after", out_dir=str(tmp_path / "w")), seed=0, progress=False)
+
+
+def test_loss_backward_by_length_gives_the_padded_batch_gradient():
+    """Pretraining runs one pass per sequence length; its loss and gradients must be the padded batch's."""
+    import torch
+
+    from soar.models import build_char_tokenizer, build_tiny_llama
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=0)
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(4, 90, size=n).tolist() for n in (9, 14, 9, 20, 14)]
+    labels = [[-100] * 3 + seq[3:] for seq in ids]
+    labels[1][5:8] = [-100] * 3  # a masked span inside a completion
+    grouped_loss = sum(loss_backward(model, ids, labels))
+    grouped = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    width = max(map(len, ids))
+    x = torch.full((len(ids), width), tok.pad_token_id)
+    y = torch.full((len(ids), width), -100)
+    for i, (seq, lab) in enumerate(zip(ids, labels)):
+        x[i, : len(seq)], y[i, : len(seq)] = torch.tensor(seq), torch.tensor(lab)
+    padded_loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=y).loss
+    padded_loss.backward()
+    assert grouped_loss == pytest.approx(padded_loss.item(), rel=1e-5)
+    for g, p in zip(grouped, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_pretraining_is_deterministic_and_cached(tmp_path):

@@ -175,9 +175,14 @@ def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int
 MODEL_INDEPENDENT = ("out_dir", "threads", "hard_carries", "stepping_carries", "control_carries", "pool_size",
                      "family_size")
 
+RECIPE = 2
+"""Version of the pretraining procedure, part of the cache key: bump it when a code change alters
+the weights a config trains to (2: one forward pass per sequence length, no padding)."""
+
 
 def world_hash(wcfg: ArithWorldConfig, seed: int) -> str:
     payload = {k: v for k, v in asdict(wcfg).items() if k not in MODEL_INDEPENDENT + ("seed",)}
+    payload["recipe"] = RECIPE
     return hashlib.sha256(json.dumps({"seed": seed, **payload}, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -197,6 +202,27 @@ def accuracy(model, tokenizer, problems: list[Problem], template: str, temperatu
     return float(np.mean(correctness(HFGenerator(model, tokenizer, batch_size=1024), make_grader("integer"), problems,
                                      template, len(problems[0].answer) + 10, samples=0 if temperature == 0 else samples,
                                      seed=seed, temperature=temperature or 1.0)))
+
+
+def loss_backward(model, ids: list[list[int]], labels: list[list[int]]):
+    """Backpropagate the batch's mean token loss, one forward pass per sequence length.
+
+    Sums have a fixed width, so each role's sequences share one length: grouping by length removes
+    all padding (and the attention mask) instead of padding every sequence to the teacher's length.
+    Normalising each group by the whole batch's label count makes the gradients add up to the
+    full batch's. Yields each group's share of the loss."""
+    import torch
+
+    n_labels = sum(label != -100 for row in labels for label in row[1:])  # the loss predicts token t from t-1
+    by_length: dict[int, list[int]] = {}
+    for i, seq in enumerate(ids):
+        by_length.setdefault(len(seq), []).append(i)
+    for length in sorted(by_length):
+        rows = by_length[length]
+        loss = model(input_ids=torch.tensor([ids[i] for i in rows]), labels=torch.tensor([labels[i] for i in rows]),
+                     num_items_in_batch=n_labels).loss
+        loss.backward()
+        yield loss.item()
 
 
 def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
@@ -253,25 +279,20 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
             masked_spans.append(span)
             texts.append(prompt + completion)
         ids = [tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id] for t in texts]
-        width = max(map(len, ids))
-        x = torch.full((len(ids), width), tok.pad_token_id)
-        labels = torch.full((len(ids), width), -100)
-        for i, (seq, plen, span) in enumerate(zip(ids, prompt_lens, masked_spans)):
-            x[i, : len(seq)] = torch.tensor(seq)
-            labels[i, plen: len(seq)] = torch.tensor(seq[plen:])  # learn the completion only
+        labels = [[-100] * plen + seq[plen:] for seq, plen in zip(ids, prompt_lens)]  # learn the completion only
+        for row, span in zip(labels, masked_spans):
             if span:
-                labels[i, span[0]: span[1]] = -100
-        loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=labels).loss
+                row[span[0]: span[1]] = [-100] * (span[1] - span[0])
         opt.zero_grad()
-        loss.backward()
+        loss = sum(loss_backward(model, ids, labels))
         torch.nn.utils.clip_grad_norm_(model.parameters(), wcfg.grad_clip)
         opt.step()
         sched.step()
         if step % wcfg.eval_every == 0:
             accs = {c: accuracy(model, tok, probs, wcfg.student_template, wcfg.stop_temperature, wcfg.stop_samples, seed=step)
                     for c, probs in eval_sets.items()}
-            history.append({"step": step, "loss": loss.item(), **{f"acc_c{c}": a for c, a in accs.items()}})
-            bar.set_postfix(loss=f"{loss.item():.3f}", **{f"c{c}": f"{a:.2f}" for c, a in accs.items()})
+            history.append({"step": step, "loss": loss, **{f"acc_c{c}": a for c, a in accs.items()}})
+            bar.set_postfix(loss=f"{loss:.3f}", **{f"c{c}": f"{a:.2f}" for c, a in accs.items()})
             if all(accs[c] >= thr for c, thr in stop_acc.items()):
                 stopped_at = step
                 break
