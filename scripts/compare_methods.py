@@ -6,6 +6,12 @@ problems), aggregated to mean ± SD per method and k, with plots (``soar-report`
     python scripts/compare_methods.py --out runs/methods --seeds 0 1 2
     python scripts/compare_methods.py --out runs/methods_smoke --smoke      # arith_micro, ~3 minutes
     python scripts/compare_methods.py --out runs/methods --seeds 0 1 2 -- loop.steps=30   # extra overrides
+    python scripts/compare_methods.py --out runs/methods --gate runs/gate     # reuse the gate's runs
+
+With ``--gate DIR`` (a ``scripts/compare_teachers.py`` output) the hard set and the Grounded-T and
+Base-T runs are the gate's, and ``benchmarks/results/soar_world.json`` gets the verdict keys next to
+the report: ``gt_minus_bt_last_third`` and ``promotions`` per seed (from the gate) and
+``pq_minus_hard_only_pass32`` (mean, combined standard error, seeds).
 
 Steps (each skipped when its output exists, so a rerun resumes):
   1. world model + one shared fail@k hard set (``soar-world``, ``soar-filter``);
@@ -81,6 +87,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=32, help="pass@k samples per hard-test problem (paper: 32)")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="experiment=arith_micro, one seed, tiny sizes")
+    ap.add_argument("--gate", help="a compare_teachers.py output folder: reuse its hard set and runs")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage (after --)")
     args = ap.parse_args()
     if args.smoke:
@@ -91,11 +98,15 @@ def main() -> None:
     log, t0 = out / "compare_methods.log", time.perf_counter()
     common = [f"experiment={experiment}", "run.progress=false", "run.threads=1", *args.overrides]
 
-    # 1. world model (cached) and one shared hard set
-    model = subprocess.run([*cli("soar-world"), "pretrain", *common], capture_output=True, text=True, check=True,
-                           env=child_env(), cwd=REPO).stdout.strip().splitlines()[-1]
-    common.append(f"model.path={model}")
-    hard = out / "hard_set"
+    # 1. world model (cached or packaged) and one shared hard set
+    import soar
+    from soar.prepare import resolve_model_path
+
+    cfg = soar.compose(common)
+    resolve_model_path(cfg)
+    common.append(f"model.path={cfg.model.path}")
+    gate = Path(args.gate).resolve() if args.gate else None
+    hard = gate / "hard_set" if gate else out / "hard_set"
     if not (hard / "summary.json").exists():
         sh([*cli("soar-world"), "problems", f"run.dir={out / 'problems'}", *common], log)
         sh([*cli("soar-filter"), *common, f"data.path={out / 'problems' / 'pool.jsonl'}", f"run.dir={hard}"], log)
@@ -103,6 +114,9 @@ def main() -> None:
 
     # 2. teachers
     runs = {(name, s): out / "train" / f"{name}_s{s}" for name in TEACHERS for s in args.seeds}
+    if gate:
+        runs.update({(name, s): gate / f"{v}_s{s}" for name, v in (("Grounded-T", "grounded"), ("Base-T", "base"))
+                     for s in args.seeds})
 
     def train(key):
         name, seed = key
@@ -173,6 +187,15 @@ def main() -> None:
                [str(r) for r in eligible], "table": agg, "verdict_at": key, "verdict": verdict,
                "minutes": (time.perf_counter() - t0) / 60}
     (out / "compare_methods.json").write_text(json.dumps(summary, indent=1))
+    if gate and "SOAR-PQ" in agg["table"]:
+        gate_report = json.loads((gate / "gate.json").read_text())
+        pq = agg["table"]["SOAR-PQ"]
+        m, n = pq["metrics"][key], pq["seeds"]
+        se = float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))
+        world = {"gt_minus_bt_last_third": gate_report["gt_minus_bt_last_third"], "promotions": gate_report["promotions"],
+                 f"pq_minus_hard_only_pass{top}": {"mean": m["mean"] - ho["mean"], "se": se, "n": n},
+                 "gate": {k: v for k, v in gate_report.items() if k != "runs"}, "report": summary}
+        (REPO / "benchmarks" / "results" / "soar_world.json").write_text(json.dumps(world, indent=1))
     print(markdown_table(agg))
     print(json.dumps({"verdict_at": key, **verdict, "minutes": round(summary["minutes"], 1)}, indent=1))
 

@@ -1,15 +1,27 @@
-"""Grounded-T vs Base-T over seeds in the embedded world, tau calibration, and the promoted students
-on the hard test split. A long run (tens of minutes on 2 cores), not CI; writes ``compare.json``.
+"""The world-selection gate: Grounded-T against Base-T in the loop itself, paired by seed, for one
+candidate world (a set of overrides). A long run (hours on 2 cores, minutes on a 16-core GPU host),
+not CI; writes ``gate.json`` and, with ``--name``, ``benchmarks/results/world_gate_<name>.json``.
 
-    python scripts/compare_teachers.py --out runs/compare --seeds 0 1 2
-    python scripts/compare_teachers.py --out runs/compare --seeds 0 1 2 -- loop.steps=20 inner.replicates=1
+    python scripts/compare_teachers.py --out runs/gate --name arith --seeds 0 1 2
+    python scripts/compare_teachers.py --out runs/gate_plan --name plan -- world.teacher_carries=plan ...
+    python scripts/compare_teachers.py --out runs/gate --parallel 6 --threads 2    # a 16-core host
 
-One fail@128 hard set is built first and shared by every run (``loop.hard_set``). For each seed it
-runs ``soar-train experiment=arith`` twice: Grounded-T, and Base-T (``teacher.frozen=true
-promotion.enabled=false``), two runs at a time with one thread each. Reported per run: the
-3-step moving average (MA3) of the step reward (mean and max over steps), promotions, and each
-promoted student's greedy accuracy on hard-test against the base model's (difference in binomial
-standard errors). tau = the 95th percentile of MA3 over the Base-T runs' steps.
+One fail@k hard set is built first and shared by every run (``loop.hard_set``). For each seed it
+runs ``soar-train experiment=arith`` as Grounded-T; as Base-T, the same loop with a frozen teacher
+(``teacher.frozen=true``: it promotes by the same rule, so both are measured against comparably
+strong students); and as Base-T without promotion (``base_fixed``: the base student throughout),
+``--parallel`` runs at a time with ``--threads`` threads each. Runs
+resume from their checkpoints, so a killed gate (or one continued with a larger ``loop.steps``)
+picks up where it stopped; ``--analyse-only`` rebuilds the report from the run folders.
+
+Reported per seed: the mean step reward over the last third of the steps, Grounded-T minus
+Base-T; promotions and the step rewards after each one; and, through the world's answer oracle
+(measured on the step dumps, never fed to the loop), the trajectories of the teacher's
+answer-correct fraction, its stepping-stone-like fraction (questions with a carry count in
+``world.stepping_carries``) and its correct stepping-stone-like fraction. The gate passes when
+Grounded-T's last-third mean beats Base-T's in at least 2 of 3 seeds (a majority) and the pooled
+paired difference (every last-third step of every seed, Grounded-T minus Base-T at the same seed
+and step) exceeds 2 standard errors.
 """
 
 from __future__ import annotations
@@ -25,140 +37,159 @@ from pathlib import Path
 
 import numpy as np
 
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+VARIANTS = {"grounded": [], "base": ["teacher.frozen=true"], "base_fixed": ["teacher.frozen=true", "promotion.enabled=false"]}
+"""Grounded-T; Base-T, the same loop with a frozen teacher (it promotes by the same rule, so its
+rewards are measured against students as strong as Grounded-T's); and Base-T against the base
+student throughout (no promotion)."""
 
-def sh(args: list[str], log: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
+
+def cli(name: str) -> list[str]:
+    """A soar console script, or the same entry point through this Python where it is not installed
+    (a GPU host that runs soar from a ``PYTHONPATH``)."""
+    script = Path(sys.executable).parent / name
+    if script.exists():
+        return [str(script)]
+    entry = {"soar-train": "train_main", "soar-filter": "filter_main", "soar-world": "world_main"}[name]
+    return [sys.executable, "-c", f"import sys; from soar.cli import {entry}; sys.argv[0] = {name!r}; {entry}()"]
+
+
+def sh(args: list[str], log: Path, threads: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "a") as fh:
         res = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, env=env)
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed ({res.returncode}); see {log}")
 
 
-def ma3(xs) -> list[float]:
-    return [float(np.mean(xs[i - 2:i + 1])) for i in range(2, len(xs))]
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def summarise(run_dir: Path, n_test: int, base_test_acc: float) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["teacher/reward_mean"] for r in rows]
-    promotions = [json.loads(line) for line in (run_dir / "promotions.jsonl").read_text().splitlines() if line]
-    out = {"steps": len(rows), "reward_mean": float(np.mean(rewards)), "ma3": ma3(rewards),
-           "ma3_mean": float(np.mean(ma3(rewards))), "ma3_max": float(np.max(ma3(rewards))),
-           "promotions": len(promotions), "promotion_steps": [p["step"] for p in promotions],
-           "answer_correct_frac": [r.get("teacher/answer_correct_frac") for r in rows],
-           "seconds_per_step": float(np.mean([r["time/step_s"] for r in rows]))}
-    if promotions:
-        best = max(promotions, key=lambda p: p["hard_train_acc"])  # PS: best hard-train accuracy
-        p1, p0 = best["hard_test_acc"], base_test_acc
-        se = float(np.sqrt(p1 * (1 - p1) / n_test + p0 * (1 - p0) / n_test)) or float("nan")
-        out["promoted_student"] = {"promotion": best["promotion"], "hard_train_acc": best["hard_train_acc"],
-                                   "hard_test_acc": p1, "base_hard_test_acc": p0, "diff_in_se": (p1 - p0) / se}
-    return out
-
-
-def reward_signal(run_dirs: list[Path], stepping: list[int], rng_seed: int = 0) -> dict:
-    """Criterion 6 of the world: over the untrained teacher's datasets, the correlation between a
-    dataset's S-like fraction (questions with a stepping-stone carry count; also: with a correct
-    answer) and its grounded reward, with a bootstrap 95 % interval."""
+def teacher_trajectory(run_dir: Path, stepping: list[int]) -> dict[str, list[float]]:
+    """Per outer step, from the step dumps: the teacher's answer-correct, stepping-stone-like and
+    correct stepping-stone-like fractions of its valid pairs, and their mean carry count."""
     from soar.worlds.arith import carries_of, oracle_answer, parse_question
 
-    rows = []
-    for run_dir in run_dirs:
-        for f in sorted((run_dir / "steps").glob("step_*.json")):
-            for d in json.loads(f.read_text())["datasets"]:
-                s_like, s_correct = [], []
-                for q in d["questions"]:
-                    parsed = parse_question(q["question"])
-                    c = carries_of(*parsed) if parsed else -1
-                    s_like.append(c in stepping)
-                    s_correct.append(c in stepping and oracle_answer(q["question"]) == q["answer"])
-                rows.append((float(np.mean(s_like)), float(np.mean(s_correct)), d["reward"]))
-    arr = np.array(rows)
-    rng = np.random.default_rng(rng_seed)
-    out = {"datasets": len(rows), "reward_mean": float(arr[:, 2].mean()), "reward_nonzero_frac": float((arr[:, 2] != 0).mean())}
-    for name, col in (("s_frac", 0), ("s_correct_frac", 1)):
-        x, y = arr[:, col], arr[:, 2]
-        if x.std() == 0 or y.std() == 0:
-            out[name] = {"correlation": None, "why": "no variance"}
-            continue
-        boots = []
-        for _ in range(2000):
-            idx = rng.integers(0, len(x), len(x))
-            if x[idx].std() > 0 and y[idx].std() > 0:
-                boots.append(np.corrcoef(x[idx], y[idx])[0, 1])
-        out[name] = {"correlation": float(np.corrcoef(x, y)[0, 1]), "bootstrap_ci95": [float(np.percentile(boots, 2.5)),
-                                                                                        float(np.percentile(boots, 97.5))]}
+    out = {"answer_correct_frac": [], "s_like_frac": [], "s_like_correct_frac": [], "carries_mean": []}
+    for f in sorted((run_dir / "steps").glob("step_*.json")):
+        rows = []
+        for d in json.loads(f.read_text())["datasets"]:
+            for q in d["questions"]:
+                parsed = parse_question(q["question"])
+                carries = carries_of(*parsed) if parsed else None
+                rows.append((carries, oracle_answer(q["question"]) == q["answer"]))
+        out["answer_correct_frac"].append(float(np.mean([ok for _, ok in rows])))
+        out["s_like_frac"].append(float(np.mean([c in stepping for c, _ in rows])))
+        out["s_like_correct_frac"].append(float(np.mean([c in stepping and ok for c, ok in rows])))
+        out["carries_mean"].append(float(np.mean([c for c, _ in rows if c is not None] or [np.nan])))
     return out
+
+
+def last_third(xs: list[float]) -> list[float]:
+    return xs[len(xs) - len(xs) // 3:] if len(xs) >= 3 else xs
+
+
+def summarise(run_dir: Path, stepping: list[int]) -> dict:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rewards = [r["teacher/reward_mean"] for r in rows]
+    promotions = read_jsonl(run_dir / "promotions.jsonl")
+    bounds = [p["step"] for p in promotions] + [len(rewards)]
+    return {"steps": len(rows), "rewards": rewards, "reward_mean": float(np.mean(rewards)) if rewards else None,
+            "last_third_mean": float(np.mean(last_third(rewards))) if rewards else None,
+            "moving_average": [r["promotion/moving_average"] for r in rows],
+            "promotions": len(promotions),
+            "promotion_records": [{k: p[k] for k in ("promotion", "step", "dataset_reward", "moving_average",
+                                                     "hard_train_acc", "hard_test_acc")} for p in promotions],
+            "rewards_after_promotion": [rewards[a:b] for a, b in zip(bounds, bounds[1:])],
+            "teacher_updates_skipped": int(sum(r.get("teacher/skipped_zero_adv", 0) for r in rows)),
+            "teacher": teacher_trajectory(run_dir, stepping),
+            "seconds_per_step": float(np.mean([r["time/step_s"] for r in rows])) if rows else None}
+
+
+def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
+    """Grounded-T minus ``base`` over the last third, per seed and pooled over (seed, step) pairs."""
+    per_seed, pooled = {}, []
+    for s in seeds:
+        gt, bt = runs[f"grounded_s{s}"]["rewards"], runs[f"{base}_s{s}"]["rewards"]
+        n = min(len(gt), len(bt))
+        if n == 0:
+            continue
+        gt_l, bt_l = last_third(gt[:n]), last_third(bt[:n])
+        per_seed[s] = float(np.mean(gt_l) - np.mean(bt_l))
+        pooled += [a - b for a, b in zip(gt_l, bt_l)]
+    diffs = np.array(pooled)
+    se = float(diffs.std(ddof=1) / np.sqrt(len(diffs))) if len(diffs) > 1 else float("nan")
+    seed_diffs = np.array(list(per_seed.values()))
+    promotions = {s: runs[f"grounded_s{s}"]["promotions"] for s in seeds}
+    wins = sum(d > 0 for d in per_seed.values())
+    return {"gt_minus_bt_last_third": per_seed,
+            "pooled_paired": {"mean": float(diffs.mean()) if len(diffs) else None, "se": se, "n": int(len(diffs)),
+                              "z": float(diffs.mean() / se) if len(diffs) > 1 and se > 0 else None},
+            "seed_level": {"mean": float(seed_diffs.mean()) if len(seed_diffs) else None,
+                           "se": float(seed_diffs.std(ddof=1) / np.sqrt(len(seed_diffs))) if len(seed_diffs) > 1 else None,
+                           "n": int(len(seed_diffs))},
+            "seeds_grounded_beats_base": int(wins), "promotions": promotions,
+            "seeds_with_promotion": int(sum(p > 0 for p in promotions.values())),
+            "passes_reward_gate": bool(wins * 3 >= 2 * len(seeds) and len(diffs) > 1 and diffs.mean() > 2 * se),
+            "passes_promotion_gate": bool(sum(p > 0 for p in promotions.values()) * 3 >= 2 * len(seeds))}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/compare")
+    ap.add_argument("--out", default="runs/gate")
+    ap.add_argument("--name", help="also write benchmarks/results/world_gate_<name>.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--analyse-only", action="store_true", help="only rebuild compare.json from finished runs")
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every soar-train run (after --)")
+    ap.add_argument("--steps", type=int, default=40, help="outer steps per run (loop.steps)")
+    ap.add_argument("--parallel", type=int, default=2, help="runs at a time")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--analyse-only", action="store_true", help="only rebuild the report from the run folders")
+    ap.add_argument("overrides", nargs="*", help="the candidate world: Hydra overrides for every run (after --)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    bin_dir = Path(sys.executable).parent
     t0 = time.perf_counter()
+    common = ["experiment=arith", "run.progress=false", "loop.diversity_model=null", *args.overrides]
 
-    model = subprocess.run([str(bin_dir / "soar-world"), "pretrain", "run.progress=false", *args.overrides],  # cached
-                           capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    import soar
+    from soar.prepare import resolve_model_path
+
+    cfg = soar.compose(common)
+    resolve_model_path(cfg)  # the cached or packaged world model (pretrained here if neither)
+    model = cfg.model.path
     hard = out / "hard_set"
     if not (hard / "summary.json").exists():
-        sh([str(bin_dir / "soar-world"), "problems", f"run.dir={out / 'problems'}", *args.overrides], out / "prepare.log")
-        sh([str(bin_dir / "soar-filter"), "experiment=arith", f"model.path={model}",
-            f"data.path={out / 'problems' / 'pool.jsonl'}", f"run.dir={hard}", "run.progress=false", *args.overrides],
-           out / "prepare.log")
-    n_test = sum(1 for _ in open(hard / "hard_test.jsonl"))
-
-    variants = {"grounded": [], "base": ["teacher.frozen=true", "promotion.enabled=false"]}
-    jobs = [(v, s) for s in args.seeds for v in variants]
+        sh([*cli("soar-world"), "problems", f"run.dir={out / 'problems'}", *common], out / "prepare.log", args.threads)
+        sh([*cli("soar-filter"), f"model.path={model}", f"data.path={out / 'problems' / 'pool.jsonl'}",
+            f"run.dir={hard}", *common], out / "prepare.log", args.parallel * args.threads)
+    jobs = [(v, s) for v in args.variants for s in args.seeds]  # variant by variant: the gate's pairs first
 
     def run(job):
         v, s = job
-        run_dir = out / f"{v}_s{s}"
-        sh([str(bin_dir / "soar-train"), "experiment=arith", f"seed={s}", f"model.path={model}",
-            f"loop.hard_set={hard}", f"run.dir={run_dir}", "run.threads=1", "run.progress=false",
-            *variants[v], *args.overrides], out / f"{v}_s{s}.log")
+        sh([*cli("soar-train"), f"seed={s}", f"model.path={model}", f"loop.hard_set={hard}", f"loop.steps={args.steps}",
+            f"run.dir={out / f'{v}_s{s}'}", f"run.threads={args.threads}", *common, *VARIANTS[v]],
+           out / f"{v}_s{s}.log", args.threads)
         print(f"done {v} seed {s} ({time.perf_counter() - t0:.0f}s)", flush=True)
-        return job
 
     if not args.analyse_only:
         with ThreadPoolExecutor(args.parallel) as pool:
             list(pool.map(run, jobs))
 
-    # The base model's greedy hard-test accuracy (0 up to greedy/sampling differences).
-    import soar
-    from soar.data import load_problems
-    from soar.generation import HFGenerator
-    from soar.grading import make_grader
-    from soar.models import load_model, load_tokenizer
-    from students.trainer import correctness
-
-    cfg = soar.compose(["experiment=arith", f"model.path={model}", *args.overrides])
-    base = load_model(cfg.model)
-    test = load_problems(cfg.data, str(hard / "hard_test.jsonl"))
-    base_test_acc = float(np.mean(correctness(HFGenerator(base, load_tokenizer(cfg.model)), make_grader(cfg.data.grader),
-                                              test, cfg.data.prompt_template, cfg.student.max_tokens)))
-    runs = {f"{v}_s{s}": summarise(out / f"{v}_s{s}", n_test, base_test_acc) for v, s in jobs}
-    base_ma = [x for s in args.seeds for x in runs[f"base_s{s}"]["ma3"]]
-    report = {
-        "overrides": args.overrides, "seeds": args.seeds, "model": model, "hard_set": str(hard), "n_test": n_test,
-        "base_hard_test_acc": base_test_acc, "tau_p95_base_ma3": float(np.percentile(base_ma, 95)),
-        "grounded_beats_base_ma3_mean": {s: runs[f"grounded_s{s}"]["ma3_mean"] > runs[f"base_s{s}"]["ma3_mean"]
-                                         for s in args.seeds},
-        "seeds_with_promotion": sum(runs[f"grounded_s{s}"]["promotions"] > 0 for s in args.seeds),
-        "reward_signal_base_teacher": reward_signal([out / f"base_s{s}" for s in args.seeds],
-                                                    list(cfg.world.stepping_carries)),
-        "runs": runs, "seconds": time.perf_counter() - t0}
-    (out / "compare.json").write_text(json.dumps(report, indent=2))
+    stepping = list(cfg.world.stepping_carries)
+    runs = {f"{v}_s{s}": summarise(out / f"{v}_s{s}", stepping) for v, s in jobs}
+    report = {"name": args.name, "overrides": args.overrides, "seeds": args.seeds, "steps": args.steps,
+              "model": model, "hard_set": str(hard),
+              "hard_set_size": json.loads((hard / "summary.json").read_text()).get("hard"),
+              "reward_metric": cfg.inner.reward_metric, "tau": cfg.promotion.tau,
+              **(gate(runs, args.seeds) if {"grounded", "base"} <= set(args.variants) else {}),
+              **({"against_base_fixed": gate(runs, args.seeds, "base_fixed")}
+                 if {"grounded", "base_fixed"} <= set(args.variants) else {}),
+              "runs": runs, "seconds": time.perf_counter() - t0}
+    (out / "gate.json").write_text(json.dumps(report, indent=2))
+    if args.name:
+        (RESULTS / f"world_gate_{args.name}.json").write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=2))
-    for name, r in runs.items():
-        print(name, {k: r[k] for k in ("ma3_mean", "ma3_max", "promotions", "promotion_steps")},
-              r.get("promoted_student"))
 
 
 if __name__ == "__main__":

@@ -41,13 +41,16 @@ def _init_worker(model_dir: str, overrides: list[str]) -> None:
 
 def _student(task):
     """(label, seed, problems, eval_sets, eval_samples) -> (label, seed, accuracy, correct vectors, seconds)."""
-    from students.trainer import train_student
+    from students.trainer import gold_logprobs, train_student
 
     label, seed, problems, eval_sets, eval_samples = task
     w, t0 = _WORKER, time.perf_counter()
-    res = train_student(w["model"], w["tok"], w["grader"], problems, w["cfg"].student, w["cfg"].data.prompt_template,
+    cfg = w["cfg"]
+    res = train_student(w["model"], w["tok"], w["grader"], problems, cfg.student, cfg.data.prompt_template,
                         seed, eval_sets, eval_samples)
-    return label, seed, res.accuracy, res.correct, time.perf_counter() - t0
+    gold = {name: gold_logprobs(res.trainer.model, w["tok"], probs, cfg.data.prompt_template, cfg.inner.gold_completion)
+            for name, probs in eval_sets.items()}
+    return label, seed, res.accuracy, res.correct, time.perf_counter() - t0, gold
 
 
 def mean_se(xs) -> dict:
@@ -61,9 +64,21 @@ def correlation(x, y) -> float:
     return float(np.corrcoef(x, y)[0, 1]) if np.std(x) > 0 and np.std(y) > 0 else float("nan")
 
 
+def icc(x_DR) -> float | None:
+    """One-way intra-class correlation of a (datasets, replicates) table: the share of the reward's
+    variance that belongs to the dataset rather than to the student's own seed (None with 1 replicate)."""
+    x_DR = np.asarray(x_DR, dtype=float)
+    d, r = x_DR.shape
+    if r < 2 or d < 2:
+        return None
+    ms_between = r * x_DR.mean(1).var(ddof=1)
+    ms_within = x_DR.var(1, ddof=1).mean()
+    return float((ms_between - ms_within) / (ms_between + (r - 1) * ms_within)) if ms_between + ms_within > 0 else None
+
+
 def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) -> list[dict]:
     from soar.generation import HFGenerator, SamplingParams
-    from soar.worlds.arith import carries_of, carry_plan, oracle_answer, parse_question
+    from soar.worlds.arith import carries_of, oracle_answer, parse_question, route_text
     from teachers.parse import Pair, parse_pair
 
     outs = HFGenerator(model, tok, batch_size=512).generate(
@@ -77,8 +92,8 @@ def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) ->
             q = parse_question(parsed.question)
             if q is not None and q[2] == d:
                 row.update(well_formed=True, carries=carries_of(*q), answer_correct=parsed.answer == oracle_answer(parsed.question))
-                if wcfg.teacher_carries != "none":  # are the carries it wrote those of its question?
-                    row["carries_right"] = carry_plan(*q) + "<" in s.text
+                if wcfg.teacher_carries != "none":  # is what it wrote outside the tags that of its question?
+                    row["carries_right"] = route_text(*q, wcfg.teacher_carries) + "<" in s.text
             else:
                 row.update(well_formed=False, carries=None, answer_correct=False)
         rows.append(row)
@@ -95,6 +110,8 @@ def main() -> None:
     ap.add_argument("--qr", type=int, default=64, help="reward questions M drawn from hard train")
     ap.add_argument("--accuracy-samples", type=int, default=0,
                     help="reward Acc on Q_R: 0 greedy (paper), >0 mean over this many T=1 samples (inner.accuracy_samples)")
+    ap.add_argument("--replicates", type=int, default=1,
+                    help="students per teacher dataset: >1 measures how much of the reward is the dataset (ICC)")
     ap.add_argument("--g", type=int, default=4, help="datasets per outer step (for tau)")
     ap.add_argument("--k", type=int, default=128, help="fail@k samples")
     ap.add_argument("--workers", type=int, default=2)
@@ -194,7 +211,10 @@ def main() -> None:
         s_frac = float(np.mean([s.get("carries") in wcfg.stepping_carries for s in chunk]))
         datasets.append({"s_frac": s_frac, "s_correct_frac": float(np.mean([s.get("carries") in wcfg.stepping_carries and s["answer_correct"] for s in chunk])),
                          "answer_correct_frac": float(np.mean([s["answer_correct"] for s in chunk]))})
-        tasks.append((f"D{i}", 2000 + i, probs, {"hard_train": hard_train}, args.accuracy_samples))
+        datasets[-1].update(carries_mean=float(np.mean([s["carries"] for s in chunk if s.get("carries") is not None] or [0])),
+                            correct_carries_mean=float(np.mean([s["carries"] for s in chunk if s["answer_correct"]] or [0])))
+        tasks += [(f"D{i}", 2000 + 100 * j + i, probs, {"hard_train": hard_train}, args.accuracy_samples)
+                  for j in range(args.replicates)]
     ctx = mp.get_context("spawn")
     results = []
     with ctx.Pool(args.workers, initializer=_init_worker, initargs=(str(model_dir), overrides)) as pool_:
@@ -211,13 +231,22 @@ def main() -> None:
     rng = np.random.default_rng(cfg.seed + 11)
     base_reward = base_train if not args.accuracy_samples else correctness(
         gen, grader, hard_train, cfg.data.prompt_template, max_tokens=24, samples=args.accuracy_samples, seed=cfg.seed + 13)
+    from students.trainer import gold_logprobs
+
+    base_gold = np.asarray(gold_logprobs(model, tok, hard_train, cfg.data.prompt_template, cfg.inner.gold_completion))
+    report["base_gold_prob_hard_train"] = float(np.exp(base_gold).mean())
     rewards, rewards_all = [], []
+    metrics = {"acc": lambda c, g: c, "gold_prob": lambda c, g: np.exp(g), "gold_logprob": lambda c, g: g}
+    base_scores = {"acc": np.asarray(base_reward, dtype=float), "gold_prob": np.exp(base_gold), "gold_logprob": base_gold}
     for i, d in enumerate(datasets):
-        r = next(r for r in results if r[0] == f"D{i}")
+        reps = [r for r in results if r[0] == f"D{i}"]
         qr = rng.choice(len(hard_train), size=min(args.qr, len(hard_train)), replace=False)
-        correct = np.asarray(r[3]["hard_train"], dtype=float)
-        d["reward"] = float(correct[qr].mean() - np.asarray(base_reward, dtype=float)[qr].mean())
-        d["reward_all_hard_train"] = float(correct.mean() - np.mean(base_reward))  # M = all of hard train
+        for name, fn in metrics.items():  # per replicate student, on Q_R and on all of hard train
+            scores = [fn(np.asarray(r[3]["hard_train"], dtype=float), np.asarray(r[5]["hard_train"])) for r in reps]
+            d[f"reward_{name}_replicates"] = [float(x[qr].mean() - base_scores[name][qr].mean()) for x in scores]
+            d[f"reward_{name}_all_replicates"] = [float(x.mean() - base_scores[name].mean()) for x in scores]
+        d["reward"] = float(np.mean(d["reward_acc_replicates"]))
+        d["reward_all_hard_train"] = float(np.mean(d["reward_acc_all_replicates"]))  # M = all of hard train
         rewards.append(d["reward"])
         rewards_all.append(d["reward_all_hard_train"])
     if len(datasets) >= 3:
@@ -237,6 +266,17 @@ def main() -> None:
             mas.append(np.mean(steps))
         sc = np.array([d["s_correct_frac"] for d in datasets])
         corr_sc = correlation(sc, rw)
+        features = ("s_frac", "s_correct_frac", "answer_correct_frac", "carries_mean", "correct_carries_mean")
+        by_metric = {}
+        for name in metrics:
+            for scope in ("", "_all"):
+                reps_DR = np.array([d[f"reward_{name}{scope}_replicates"] for d in datasets])
+                y = reps_DR.mean(1)
+                by_metric[name + scope] = {"mean": float(y.mean()), "sd": float(y.std(ddof=1)),
+                                           "correlation": {f: correlation([d[f] for d in datasets], y) for f in features},
+                                           "replicate_icc": icc(reps_DR)}
+        report["reward_signal_by_metric"] = by_metric
+        print("reward signal by metric:", json.dumps(by_metric, indent=1), flush=True)
         report["reward_signal"] = {"datasets": len(datasets), "accuracy_samples": args.accuracy_samples,
                                    "correlation_sfrac_reward": corr, "bootstrap_ci95": ci,
                                    "correlation_s_correct_frac_reward": corr_sc,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job: SOAR end to end in the embedded arithmetic world, on CPU (experiment=arith):
-# pretrain the world's character-level Llama (cached in ~/.cache/soar/worlds/), build the fail@128
-# hard set, run the outer loop (teacher -> students -> grounded reward -> promotion -> teacher
-# update), and write the Promotion Questions. Everything lands in runs/arith/ (RUN=... to change).
+# The main job: SOAR end to end in the embedded arithmetic world, on CPU (experiment=arith): load
+# the world's character-level Llama (shipped with the package), build the fail@128 hard set, run
+# the outer loop (teacher -> students -> grounded reward -> promotion -> teacher update), write the
+# Promotion Questions, then print the step rewards and promotions and plot the teacher's reward
+# (reward.png). Everything lands in runs/arith/ (RUN=... to change).
 # Usage: bash scripts/quickstart.sh [extra Hydra overrides for soar-train]
 set -euo pipefail
 RUN="${RUN:-runs/arith}"
@@ -16,5 +17,28 @@ promos = [json.loads(l) for l in open(f"{run}/promotions.jsonl") if l.strip()]
 print(f"{len(rows)} outer steps, {len(promos)} promotions, {sum(1 for _ in open(f'{run}/pq.jsonl'))} Promotion Questions")
 print("step reward (mean over datasets):", " ".join(f"{r['teacher/reward_mean']:+.3f}" for r in rows))
 for p in promos:
-    print(f"promotion {p['promotion']} at step {p['step']}: hard-train {p['hard_train_acc']:.3f}, hard-test {p['hard_test_acc']:.3f}")
+    print(f"promotion {p['promotion']} at step {p['step']}: the promoted student's greedy accuracy "
+          f"on hard train {p['hard_train_acc']:.3f}, on hard test {p['hard_test_acc']:.3f} (the base model's: 0)")
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+steps = [r["step"] for r in rows]
+fig, ax = plt.subplots(figsize=(7, 3.5))
+ax.plot(steps, [r["teacher/reward_mean"] for r in rows], "o-", label="step reward (mean over the g datasets)")
+ma = [(r["step"], r["promotion/moving_average"]) for r in rows if r["promotion/moving_average"] is not None]
+ax.plot(*zip(*ma), "--", label="moving average") if ma else None
+from omegaconf import OmegaConf
+
+ax.axhline(OmegaConf.load(f"{run}/config.yaml").promotion.tau, color="red", ls=":", label="tau")
+for p in promos:
+    ax.axvline(p["step"], color="green", alpha=0.5, label="promotion" if p is promos[0] else None)
+ax.axhline(0, color="grey", lw=0.5)
+ax.set_xlabel("outer step")
+ax.set_ylabel("reward (" + ("nats" if "promotion/baseline_hard_train_score" in rows[0] else "accuracy") + ")")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(f"{run}/reward.png", dpi=120)
+print(f"plot: {run}/reward.png")
 PY

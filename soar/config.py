@@ -279,6 +279,19 @@ class InnerConfig:
     accuracy_samples: int = 0
     """0: Acc = greedy correctness (paper). >0: mean correctness over this many T=1 samples per
     question, a lower-variance alternative."""
+    reward_metric: str = "accuracy"
+    """What R_{k,j} measures on Q_R, student minus baseline: ``accuracy`` (the paper: greedy, or
+    ``accuracy_samples``); ``gold_prob``, the probability that a T=1 sample begins with the gold
+    completion (``gold_completion``), exact from one forward pass: the expected sampled accuracy
+    without sampling noise; or ``gold_logprob``, the mean log-probability of the gold completion
+    (nats), which still moves while every probability is near 0 (the hard set fails 0/128) and is
+    the least noisy of the three in the embedded world (README, "The embedded world")."""
+    gold_completion: str = "\\boxed{{answer}}"
+    """The gold completion the ``gold_*`` metrics score, with ``{answer}`` filled in: the answer as the
+    grader's reference format writes it (the world's completions are exactly ``\\boxed{sum}``)."""
+
+
+REWARD_METRICS = ("accuracy", "gold_prob", "gold_logprob")
 
 
 @dataclass
@@ -651,6 +664,10 @@ def validate(cfg, stage: str) -> None:
             _fail("inner.max_steps", f"the cap ({inner.max_steps}) is below student.max_steps ({cfg.student.max_steps})")
         if inner.accuracy_samples < 0 or inner.steps_per_promotion < 0:
             _fail("inner.accuracy_samples" if inner.accuracy_samples < 0 else "inner.steps_per_promotion", "must be >= 0")
+        if inner.reward_metric not in REWARD_METRICS:
+            _fail("inner.reward_metric", f"{inner.reward_metric!r} is not one of {REWARD_METRICS}")
+        if inner.reward_metric != "accuracy" and "{answer}" not in inner.gold_completion:
+            _fail("inner.gold_completion", f"{inner.gold_completion!r} has no {{answer}} slot")
         if cfg.promotion.window < 1:
             _fail("promotion.window", "must be >= 1")
         if cfg.loop.steps < 1:

@@ -7,10 +7,12 @@
 Per outer step t:
   1. the teacher samples until g*n completions parse (per group), split in order into g datasets;
   2. Q_R: M hard-train questions drawn without replacement from the step's own seed;
-  3. reward R_{k,j} per dataset k and replicate student j (grounded: accuracy gain of a baseline
-     copy RL-trained K steps on X_k; intrinsic: learnability of X_k for the base student);
+  3. reward R_{k,j} per dataset k and replicate student j (grounded: the gain of a baseline copy
+     RL-trained K steps on X_k, on Q_R, in ``inner.reward_metric``: accuracy as in the paper, or the
+     gold answers' log-probability; intrinsic: learnability of X_k for the base student);
   4. promotion: if the moving average of mean_k R_k passes tau, the median student of the best
-     dataset becomes the baseline and X_k* joins the Promotion Questions; K grows by +5;
+     dataset becomes the baseline and X_k* joins the Promotion Questions; K grows by
+     ``inner.steps_per_promotion``;
   5. teacher update: RLOO over the g datasets (A_k = R_k - mean of the others), KL to the initial
      teacher, using the rewards measured against the old baseline;
   6. step dump, metrics, one atomic checkpoint. A killed run resumes from the last checkpoint.
@@ -95,19 +97,20 @@ class Loop:
             self.oracle = load_callable(cfg.loop.answer_oracle, "loop.answer_oracle")
 
     # ---- helpers ------------------------------------------------------------------------------
-    def correctness(self, model, problems, seed_label) -> list[float]:
-        from students.trainer import correctness
+    def scores(self, problems, seed_label, metric: str) -> list[float]:
+        """The baseline's score per problem in ``metric`` (``students.trainer.problem_scores``)."""
+        from students.trainer import problem_scores
 
-        s = self.cfg.student
-        self.eval_gen.sync_weights(model)
-        return correctness(self.eval_gen, self.grader, problems,
-                           self.template, s.eval_max_tokens or s.max_tokens, tuple(s.stop),
-                           self.cfg.inner.accuracy_samples, derive_seed(self.cfg.seed, "baseline_eval", seed_label))
+        return problem_scores(metric, self.baseline, self.tokenizer, self.eval_gen, self.grader, problems, self.template,
+                              self.cfg.student, self.cfg.inner, derive_seed(self.cfg.seed, "baseline_eval", seed_label))
 
-    def baseline_correct(self) -> list[float]:
-        if self.state.baseline_correct is None:
-            self.state.baseline_correct = self.correctness(self.baseline, self.hard.train, self.state.baseline_version)
-        return self.state.baseline_correct
+    def baseline_scores(self, metric: str | None = None) -> list[float]:
+        """The baseline's score on every hard-train problem in ``metric`` (default: the reward's),
+        cached per baseline version."""
+        metric, cache = metric or self.cfg.inner.reward_metric, self.state.baseline_scores
+        if metric not in cache:
+            cache[metric] = self.scores(self.hard.train, self.state.baseline_version, metric)
+        return cache[metric]
 
     # ---- one outer step -----------------------------------------------------------------------
     def step(self, t: int, bar=None) -> dict:
@@ -130,7 +133,7 @@ class Loop:
                                        derive_seed(cfg.seed, "reward_questions", t))
         qr = [self.hard.train[i] for i in qr_idx]
         with phase("baseline_eval", t, times):
-            base_acc = float(np.mean([self.baseline_correct()[i] for i in qr_idx]))
+            base_acc = float(np.mean([self.baseline_scores()[i] for i in qr_idx]))
         with phase("rewards", t, times):  # 3. R_{k,j}
             results = [self.reward_fn(ds, self.baseline, qr, base_acc, t, gi, st.inner_steps, bar)
                        for gi, ds in enumerate(datasets_GK)]
@@ -156,7 +159,9 @@ class Loop:
                   "teacher/reward_max": float(rewards_K.max()), "student/base_acc_qr": base_acc,
                   "promotion/moving_average": decision.moving_average, "promotion/promoted": int(decision.promote),
                   "promotion/count": len(st.promotions),
-                  "promotion/baseline_hard_train_acc": float(np.mean(self.baseline_correct()))})
+                  "promotion/baseline_hard_train_acc": float(np.mean(self.baseline_scores("accuracy")))})
+        if cfg.inner.reward_metric != "accuracy":  # the baseline in the reward's units (student/base_acc_qr too)
+            m["promotion/baseline_hard_train_score"] = float(np.mean(self.baseline_scores()))
         m.update(self.grader.stats.as_metrics())
         self.dump(t, datasets_GK, rewards_KR, adv_GK, qr, results, decision, record)
         st.step = t + 1
@@ -178,13 +183,14 @@ class Loop:
         # The teacher that wrote the promoted dataset (before this step's update), for PQ provenance.
         save_model_atomic(self.teacher.trainer, self.run.path / "teacher" / f"step_{t:06d}")
         self.baseline = student.trainer.export_model()
-        st.baseline_version, st.baseline_correct = index, None
+        st.baseline_version, st.baseline_scores = index, {}
         record = {"promotion": index, "step": t + 1, "dataset": decision.dataset, "replicate": decision.replicate,
                   "dataset_reward": float(rewards_KR[decision.dataset].mean()),
                   "replicate_rewards": rewards_KR[decision.dataset].tolist(), "moving_average": decision.moving_average,
                   "reason": decision.reason, "path": str(path.relative_to(self.run.path)), "inner_steps": st.inner_steps,
-                  "hard_train_acc": float(np.mean(self.baseline_correct())),
-                  "hard_test_acc": float(np.mean(self.correctness(self.baseline, self.hard.test, f"test{index}")))}
+                  "hard_train_acc": float(np.mean(self.baseline_scores("accuracy"))),
+                  "hard_test_acc": float(np.mean(self.scores(self.hard.test, f"test{index}", "accuracy"))),
+                  "hard_train_score": float(np.mean(self.baseline_scores()))}
         st.promotions.append(record)
         st.pq += [{**p.to_dict(), "promotion": index, "step": t + 1, "dataset": decision.dataset,
                    "dataset_reward": record["dataset_reward"], "replicate_rewards": record["replicate_rewards"],

@@ -31,8 +31,9 @@ class LoopState:
     """One record per promotion: step, dataset, replicate, rewards, path, hard-split accuracies."""
     pq: list[dict] = field(default_factory=list)
     """Promotion Questions with provenance."""
-    baseline_correct: list[float] | None = None
-    """The baseline's correctness on every hard-train problem (cached per baseline version)."""
+    baseline_scores: dict[str, list[float]] = field(default_factory=dict)
+    """The baseline's score on every hard-train problem per metric (``accuracy``: correctness; the
+    reward's ``inner.reward_metric``), cached per baseline version."""
 
     def save(self, folder: Path, teacher_state: dict) -> None:
         (folder / "state.json").write_text(json.dumps(asdict(self)))
@@ -43,7 +44,11 @@ class LoopState:
         for name in ("state.json", "teacher.pt"):
             if not (folder / name).exists():
                 raise FileNotFoundError(f"checkpoint {folder} is missing {name}")
-        state = cls(**json.loads((folder / "state.json").read_text()))
+        fields = json.loads((folder / "state.json").read_text())
+        if "baseline_correct" in fields:  # checkpoints written before reward metrics other than accuracy
+            correct = fields.pop("baseline_correct")
+            fields["baseline_scores"] = {} if correct is None else {"accuracy": correct}
+        state = cls(**fields)
         return state, torch.load(folder / "teacher.pt", weights_only=False)
 
 

@@ -25,7 +25,8 @@ import numpy as np
 from soar.faults import maybe_die
 from soar.generation import generate_many, make_generator
 from soar.seeding import derive_seed
-from students.trainer import RLOOTrainer, StudentResult, batch_indices, correctness_request, grade_correctness
+from students.trainer import (GOLD_METRICS, RLOOTrainer, StudentResult, batch_indices, correctness_request,
+                              gold_scores, grade_correctness)
 
 _BASELINES = itertools.count()
 
@@ -69,16 +70,21 @@ class LockstepStudents:
                 histories[i].append(trainers[i].step(batches[i], samples_QG, share).metrics)
 
         # Q_R: every student's evaluation in one call, each with its own seed (as ``train_student``)
-        eval_gens = self.generators("eval", len(tasks))
-        requests = []
-        for trainer, seed, gen in zip(trainers, seeds, eval_gens):
-            gen.sync_weights(trainer.model)
-            requests.append((gen, *correctness_request(reward_questions, self.template, cfg.student.eval_max_tokens or
-                                                       cfg.student.max_tokens, tuple(cfg.student.stop),
-                                                       cfg.inner.accuracy_samples, derive_seed(seed, "eval"))))
+        if cfg.inner.reward_metric in GOLD_METRICS:  # one forward pass per student, nothing to generate
+            correct_S = [gold_scores(t.model, self.tokenizer, reward_questions, self.template, cfg.inner.reward_metric,
+                                     cfg.inner.gold_completion) for t in trainers]
+        else:
+            eval_gens = self.generators("eval", len(tasks))
+            requests = []
+            for trainer, seed, gen in zip(trainers, seeds, eval_gens):
+                gen.sync_weights(trainer.model)
+                requests.append((gen, *correctness_request(reward_questions, self.template, cfg.student.eval_max_tokens or
+                                                           cfg.student.max_tokens, tuple(cfg.student.stop),
+                                                           cfg.inner.accuracy_samples, derive_seed(seed, "eval"))))
+            correct_S = [grade_correctness(self.grader, reward_questions, outs) for outs in generate_many(requests)]
         results = []
-        for task, trainer, history, outs in zip(tasks, trainers, histories, generate_many(requests)):
-            correct = {"qr": grade_correctness(self.grader, reward_questions, outs)}
+        for task, trainer, history, correct_qr in zip(tasks, trainers, histories, correct_S):
+            correct = {"qr": correct_qr}
             results.append(StudentResult(correct, {"qr": float(np.mean(correct["qr"]))}, history, trainer,
                                          {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}))
             maybe_die("student", task.step)

@@ -55,6 +55,50 @@ def correctness_request(problems, template: str, max_tokens: int, stop=(), sampl
                                    max_tokens=max_tokens, stop=tuple(stop), seed=seed)
 
 
+@torch.no_grad()
+def gold_logprobs(model, tokenizer, problems, template: str, gold_template: str, batch_size: int = 256) -> list[float]:
+    """Per problem: log p(gold completion | prompt), summed over the gold completion's tokens, where
+    the gold completion is ``gold_template`` with ``{answer}`` filled in (e.g. ``\\boxed{{answer}}``).
+    exp() of it is the probability that one T=1 sample starts with exactly the gold answer: the
+    expected sampled accuracy without sampling noise, and non-zero where greedy accuracy is 0."""
+    prompt_ids = [tokenizer(render_prompt(template, p.question), add_special_tokens=False).input_ids for p in problems]
+    gold_ids = [tokenizer(gold_template.replace("{answer}", p.answer), add_special_tokens=False).input_ids
+                for p in problems]
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, len(problems), batch_size):
+        sl = slice(start, start + batch_size)
+        ids, attn, mask = (t.to(model.device) for t in pack_sequences(prompt_ids[sl], gold_ids[sl], tokenizer.pad_token_id))
+        out += (token_logprobs(model, ids, attn) * mask).sum(-1).tolist()
+    model.train(was_training)
+    return out
+
+
+GOLD_METRICS = ("gold_prob", "gold_logprob")
+"""``inner.reward_metric`` values scored from log p(gold completion) instead of generated answers."""
+
+
+def gold_scores(model, tokenizer, problems, template: str, metric: str, gold_completion: str) -> list[float]:
+    """Per problem, from ``gold_logprobs``: ``gold_prob``, its exp (the probability that a T=1 sample
+    starts with the gold answer: the expected sampled correctness, exact and without sampling noise);
+    ``gold_logprob``, the log-probability itself (nats; still graded where that probability is ~0)."""
+    logprobs = gold_logprobs(model, tokenizer, problems, template, gold_completion)
+    return np.exp(logprobs).tolist() if metric == "gold_prob" else logprobs
+
+
+def problem_scores(metric: str, model, tokenizer, generator, grader, problems, template: str, student_cfg, inner_cfg,
+                   seed: int) -> list[float]:
+    """Per problem, in ``metric``'s units: correctness for ``accuracy`` (greedy, or the mean over
+    ``inner_cfg.accuracy_samples`` samples from ``generator``, pointed at ``model``), else a
+    ``GOLD_METRICS`` score (``gold_scores``)."""
+    if metric in GOLD_METRICS:
+        return gold_scores(model, tokenizer, problems, template, metric, inner_cfg.gold_completion)
+    generator.sync_weights(model)
+    return correctness(generator, grader, problems, template, student_cfg.eval_max_tokens or student_cfg.max_tokens,
+                       tuple(student_cfg.stop), inner_cfg.accuracy_samples, seed)
+
+
 def grade_correctness(grader, problems, outs) -> list[float]:
     grades = grader.grade_batch([s.text for o in outs for s in o], [p.answer for p, o in zip(problems, outs) for _ in o])
     flat = np.array([g.correct for g in grades], dtype=float).reshape(len(problems), -1)
@@ -253,14 +297,20 @@ class RLOOTrainer:
 
     # ---- evaluation ---------------------------------------------------------------------------
     def evaluate(self, problems, max_tokens: int | None = None, samples: int = 0, seed: int = 0,
-                 generator=None) -> list[float]:
-        """Correctness per problem (greedy, or mean over ``samples`` samples), cached per model version;
-        ``generator`` (the eval role's) serves the current weights, else the rollout generator."""
+                 generator=None, metric: str = "accuracy", gold_completion: str = "") -> list[float]:
+        """Per problem: correctness (``metric`` accuracy: greedy, or mean over ``samples`` samples) or a
+        ``GOLD_METRICS`` score (``gold_scores``), cached per model version; ``generator`` (the eval
+        role's) serves the current weights, else the rollout generator."""
         key_src = "\x00".join(f"{p.id}\x01{p.question}\x01{p.answer}" for p in problems)
-        key = (self.version, hashlib.sha256(f"{max_tokens}\x02{samples}\x02{seed}\x02{key_src}".encode()).hexdigest())
+        key = (self.version, hashlib.sha256(f"{max_tokens}\x02{samples}\x02{seed}\x02{metric}{gold_completion}\x02{key_src}"
+                                            .encode()).hexdigest())
         if key not in self._eval_cache:
-            self._eval_cache[key] = correctness(self.sampler(generator), self.grader, problems, self.template,
-                                                max_tokens or self.cfg.max_tokens, tuple(self.cfg.stop), samples, seed)
+            if metric in GOLD_METRICS:
+                self._eval_cache[key] = gold_scores(self.model, self.tokenizer, problems, self.template, metric,
+                                                    gold_completion)
+            else:
+                self._eval_cache[key] = correctness(self.sampler(generator), self.grader, problems, self.template,
+                                                    max_tokens or self.cfg.max_tokens, tuple(self.cfg.stop), samples, seed)
         return self._eval_cache[key]
 
     # ---- state --------------------------------------------------------------------------------
@@ -312,7 +362,8 @@ def save_policy(model, tokenizer, out_dir) -> None:
 @dataclass
 class StudentResult:
     correct: dict[str, list[float]]
-    """Correctness per problem of each evaluation set after training (greedy: 0/1)."""
+    """Score per problem of each evaluation set after training: correctness (greedy: 0/1), or the
+    ``GOLD_METRICS`` score the run's ``inner.reward_metric`` asks for."""
     accuracy: dict[str, float]
     """Mean of ``correct`` per evaluation set."""
     history: list[dict]
@@ -326,10 +377,12 @@ class StudentResult:
 
 def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_template: str, seed: int,
                   eval_sets: dict | None = None, eval_samples: int = 0, batch_size: int = 256,
-                  rollout_generator=None, eval_generator=None) -> StudentResult:
+                  rollout_generator=None, eval_generator=None, metric: str = "accuracy",
+                  gold_completion: str = "") -> StudentResult:
     """One inner loop: a copy of ``baseline`` trained ``max_steps`` RLOO steps on ``problems``
-    (fresh optimiser, KL to the baseline), then evaluated on each of ``eval_sets`` (greedy, or
-    ``eval_samples`` samples per question). Generators default to HF on the student's weights."""
+    (fresh optimiser, KL to the baseline), then scored on each of ``eval_sets`` by ``metric``
+    (accuracy: greedy, or ``eval_samples`` samples per question; or a ``GOLD_METRICS`` score).
+    Generators default to HF on the student's weights."""
     import copy
 
     model = copy.deepcopy(baseline)
@@ -341,7 +394,7 @@ def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_tem
         batch = [problems[i] for i in batch_indices(len(problems), step, student_cfg.questions_per_step, seed)]
         history.append(trainer.step(batch).metrics)
     correct = {name: trainer.evaluate(probs, student_cfg.eval_max_tokens, eval_samples, derive_seed(seed, "eval"),
-                                      eval_generator)
+                                      eval_generator, metric, gold_completion)
                for name, probs in (eval_sets or {}).items()}
     return StudentResult(correct, {k: float(np.mean(v)) for k, v in correct.items()}, history, trainer)
 

@@ -62,6 +62,22 @@ def test_teacher_carries_mark_the_carries_and_parse_to_the_pair(mode):
         assert teacher_completion(a, b, ArithWorldConfig(digits=10))[0] == format_pair(p.question, p.answer)
 
 
+def test_inverse_teacher_writes_sum_and_addend_then_subtracts_and_copies():
+    """``inverse``: before the question, ``s-a=b`` with s = a + b (least-significant digit first);
+    the question and the boxed answer are copies of it, and the parser ignores it."""
+    rng = np.random.default_rng(4)
+    for k in (0, 5, 10):
+        a, b = sample_pair(rng, 10, k)
+        text, offset = teacher_completion(a, b, ArithWorldConfig(digits=10, teacher_carries="inverse"))
+        p = make_problem(a, b, 10, "x")
+        s_, rest = text.split("-", 1)
+        a_, rest = rest.split("=", 1)
+        b_ = rest.split("<question>", 1)[0]
+        assert int(s_[::-1]) - int(a_[::-1]) == int(b_[::-1]) == b and int(a_[::-1]) == a
+        assert (s_, f"{a_}+{b_}") == (p.answer, p.question)
+        assert parse_pair(text) == Pair(p.question, p.answer) and text[offset:offset + 11] == p.answer
+
+
 def test_unknown_teacher_carries_mode_is_a_config_error(tmp_path):
     from soar.config import ConfigError
 
@@ -110,6 +126,49 @@ def test_pretraining_is_deterministic_and_cached(tmp_path):
     assert pretrain(ArithWorldConfig(**wcfg, out_dir=str(tmp_path / "a")), seed=1, progress=False) == a
     assert (a / "model.safetensors").stat().st_mtime == mtime  # cached, not rebuilt
     assert world_hash(ArithWorldConfig(**wcfg), 1) != world_hash(ArithWorldConfig(**wcfg), 2)
+
+
+def test_snapshots_and_padded_batches(tmp_path):
+    """``snapshot_steps`` saves loadable worlds along the way without changing the final weights, a
+    snapshot equals a build stopped at its step, and ``padded_batches`` trains to other weights of
+    the same world (float rounding only)."""
+    wcfg = dict(digits=2, hidden=32, layers=1, heads=2, eval_every=3, eval_per_carry=4, batch_size=16, stop_acc=[])
+    digest = lambda d: hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
+    full = pretrain(ArithWorldConfig(**wcfg, max_steps=6, snapshot_steps=[4], out_dir=str(tmp_path / "a")), 1, False)
+    plain = pretrain(ArithWorldConfig(**wcfg, max_steps=6, out_dir=str(tmp_path / "b")), 1, False)
+    short = pretrain(ArithWorldConfig(**wcfg, max_steps=4, out_dir=str(tmp_path / "c")), 1, False)
+    snap = full / "snapshots" / "step_4"
+    assert digest(full) == digest(plain) and digest(snap) == digest(short) != digest(full)
+    assert json.loads((snap / "train_info.json").read_text())["steps"] == 4
+    assert json.loads((full / "train_info.json").read_text())["steps"] == 6  # stop_acc []: exactly max_steps
+    assert pretrain(ArithWorldConfig(**wcfg, max_steps=6, out_dir=str(snap)), 1, False) == snap  # loads as a world
+    padded = pretrain(ArithWorldConfig(**wcfg, max_steps=6, padded_batches=True, out_dir=str(tmp_path / "d")), 1, False)
+    assert digest(padded) != digest(plain)
+    assert world_hash(ArithWorldConfig(**wcfg, snapshot_steps=[4]), 1) == world_hash(ArithWorldConfig(**wcfg), 1)
+
+
+def test_default_world_ships_with_the_package(tmp_path, monkeypatch):
+    """``experiment=arith``'s world model is in the package under its config hash; ``model.build``
+    loads it when the cache has no copy, and it is the pretrained world (not a random init):
+    carry-free sums are solved greedily, 12-carry sums are not."""
+    import soar
+    from soar.models import load_model, load_tokenizer
+    from soar.worlds.arith import build_model, generate_problems, shipped_dir, world_config
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # an empty cache
+    cfg = soar.compose(["experiment=arith"])
+    wcfg = world_config(cfg)
+    shipped = shipped_dir(wcfg, wcfg.seed)
+    assert shipped is not None and build_model(cfg) == shipped
+    info = json.loads((shipped / "train_info.json").read_text())
+    assert info["config"]["teacher_carries"] == wcfg.teacher_carries and info["steps"] == wcfg.max_steps
+    assert shipped_dir(world_config(soar.compose(["experiment=arith", "world.seed=1"])), 1) is None
+    mcfg = type("M", (), {"path": str(shipped), "revision": None, "dtype": "float32", "trust_remote_code": False})
+    from soar.worlds.arith import accuracy
+
+    model, tok = load_model(mcfg), load_tokenizer(mcfg)
+    assert accuracy(model, tok, generate_problems(12, 0, 32, 5, "t"), wcfg.student_template) >= 0.9
+    assert accuracy(model, tok, generate_problems(12, 12, 32, 5, "t"), wcfg.student_template) == 0
 
 
 def test_world_problems_cli(tmp_path):

@@ -56,7 +56,10 @@ class ArithWorldConfig:
     """Carry bits (``carries 0110...``: one per position, least-significant first, 1 where the sum
     carries) in the teacher's completion, outside the tags, so students never see them: ``none``;
     ``plan``: before the question, as the world's own sampler picks carries before digits; ``worked``:
-    worked out from the question, between it and the answer (a scratchpad); ``both``. Experiments for teacher
+    worked out from the question, between it and the answer (a scratchpad); ``both``; ``inverse``: no bits,
+    but the sum and one addend first and the other addend worked out by subtraction (``s-a=b``), so the
+    question and its answer are copies: the teacher constructs a problem from its answer, by an operation
+    the student's format never uses. Experiments for teacher
     answers learned at every carry count (``teacher_answer_max_carries: null``); measured in the README,
     "The embedded world". Adds ``digits + 8`` tokens each: raise ``teacher.max_tokens`` (112 for 12 digits, 132 for ``both``)."""
     hard_carries: list[int] = field(default_factory=lambda: [10])
@@ -94,16 +97,24 @@ class ArithWorldConfig:
     stop_acc: list = field(default_factory=lambda: [[0, 0.9]])
     """``[[carries, threshold], ...]``: stop at the first evaluation where accuracy at each listed
     carry count reaches its threshold ("stopped at the frontier": trained much longer, the model
-    generalises every carry count). A list, so an override replaces it instead of merging."""
+    generalises every carry count). A list, so an override replaces it instead of merging; ``[]``
+    trains exactly ``max_steps`` steps."""
     stop_temperature: float = 1.0
     """Temperature of the stopping rule's accuracy (0: greedy; 1.0: the students' sampling
     temperature, mean over ``stop_samples`` samples)."""
     stop_samples: int = 4
     """Samples per problem when ``stop_temperature`` > 0."""
+    padded_batches: bool = False
+    """Pretrain with one forward pass per batch padded to its longest sequence (the first recipe)
+    instead of one pass per sequence length: the same gradients up to float rounding, so another
+    draw of the same world, 1.3x slower."""
     threads: int = 0
     """torch threads for pretraining (0: all cores)."""
     out_dir: str | None = None
     """Where to save; None caches under ``~/.cache/soar/worlds/<config hash>``."""
+    snapshot_steps: list[int] = field(default_factory=list)
+    """Also save the model after these steps, under ``<out>/snapshots/step_N`` (HF format), to measure
+    how the frontier moves during pretraining (``scripts/frontier.py`` on each snapshot)."""
 
 
 def carry_bits(a: int, b: int, digits: int) -> list[int]:
@@ -158,7 +169,21 @@ def carry_plan(a: int, b: int, digits: int) -> str:
     return "carries " + "".join(map(str, carry_bits(a, b, digits)))
 
 
-TEACHER_CARRIES = ("none", "plan", "worked", "both")
+def inverse_plan(a: int, b: int, digits: int) -> str:
+    """The inverse route: the sum and one addend first, then the other addend by subtraction
+    (``s-a=b``, all least-significant digit first)."""
+    return f"{lsb(a + b, digits + 1)}-{lsb(a, digits)}={lsb(b, digits)}"
+
+
+TEACHER_CARRIES = ("none", "plan", "worked", "both", "inverse")
+
+
+def route_text(a: int, b: int, digits: int, mode: str) -> str | None:
+    """What a ``mode`` teacher writes outside the tags that fixes its answer (carry bits, or the
+    inverse route's subtraction), to check a sampled completion against; None for ``none``."""
+    if mode == "none":
+        return None
+    return inverse_plan(a, b, digits) if mode == "inverse" else carry_plan(a, b, digits)
 
 
 def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int]:
@@ -167,12 +192,13 @@ def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int
     pair = format_pair(p.question, p.answer)
     plan = carry_plan(a, b, wcfg.digits)
     worked = pair.replace("<answer>", plan + "<answer>", 1)
-    completion = {"none": pair, "plan": plan + pair, "worked": worked, "both": plan + worked}[wcfg.teacher_carries]
+    completion = {"none": pair, "plan": plan + pair, "worked": worked, "both": plan + worked,
+                  "inverse": inverse_plan(a, b, wcfg.digits) + pair}[wcfg.teacher_carries]
     return completion, completion.index("\\boxed{") + len("\\boxed{")
 
 
 # Fields that do not change the pretrained model: left out of its cache key.
-MODEL_INDEPENDENT = ("out_dir", "threads", "hard_carries", "stepping_carries", "control_carries", "pool_size",
+MODEL_INDEPENDENT = ("out_dir", "threads", "snapshot_steps", "hard_carries", "stepping_carries", "control_carries", "pool_size",
                      "family_size")
 
 RECIPE = 2
@@ -186,10 +212,22 @@ def world_hash(wcfg: ArithWorldConfig, seed: int) -> str:
     return hashlib.sha256(json.dumps({"seed": seed, **payload}, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+SHIPPED = Path(__file__).resolve().parent / "shipped"
+"""Pretrained world models that ship in the package (``shipped/arith-<hash>/``: weights, tokenizer,
+model card, ``train_info.json``), so ``model.build`` need not pretrain; ``soar-world pretrain``
+rebuilds any of them bit for bit on the same kind of machine (``scripts/rebuild_world.py`` checks)."""
+
+
 def world_dir(wcfg: ArithWorldConfig, seed: int) -> Path:
     if wcfg.out_dir:
         return Path(wcfg.out_dir).expanduser()
     return Path("~/.cache/soar/worlds").expanduser() / f"arith-{world_hash(wcfg, seed)}"
+
+
+def shipped_dir(wcfg: ArithWorldConfig, seed: int) -> Path | None:
+    """The packaged copy of this exact world (same config hash), if the package ships one."""
+    path = SHIPPED / f"arith-{world_hash(wcfg, seed)}"
+    return path if (path / "train_info.json").exists() else None
 
 
 def accuracy(model, tokenizer, problems: list[Problem], template: str, temperature: float = 0.0,
@@ -225,6 +263,22 @@ def loss_backward(model, ids: list[list[int]], labels: list[list[int]]):
         yield loss.item()
 
 
+def padded_loss_backward(model, ids: list[list[int]], labels: list[list[int]], pad_id: int) -> float:
+    """Backpropagate the batch's mean token loss in one forward pass over the batch padded to its
+    longest sequence (``padded_batches``); returns the loss."""
+    import torch
+
+    width = max(map(len, ids))
+    x = torch.full((len(ids), width), pad_id)
+    y = torch.full((len(ids), width), -100)
+    for i, (seq, row) in enumerate(zip(ids, labels)):
+        x[i, : len(seq)] = torch.tensor(seq)
+        y[i, : len(row)] = torch.tensor(row)
+    loss = model(input_ids=x, attention_mask=(x != pad_id).long(), labels=y).loss
+    loss.backward()
+    return loss.item()
+
+
 def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
     """Build the tokenizer and model, pretrain to the frontier, save in HF format (cached)."""
     import torch
@@ -248,6 +302,9 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
             raise ConfigError(f"config error: world.{name}: {len(weights)} weights (carry counts 0..{len(weights) - 1}) "
                               f"but {wcfg.digits}-digit sums have at most {wcfg.digits} carries")
     set_threads(wcfg.threads)
+    import shutil
+
+    shutil.rmtree(out.with_name(out.name + ".tmp"), ignore_errors=True)  # a killed build's leftovers
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden=wcfg.hidden, layers=wcfg.layers, heads=wcfg.heads,
                              intermediate=2 * wcfg.hidden, max_positions=wcfg.max_positions, seed=seed)
@@ -284,16 +341,27 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
             if span:
                 row[span[0]: span[1]] = [-100] * (span[1] - span[0])
         opt.zero_grad()
-        loss = sum(loss_backward(model, ids, labels))
+        if wcfg.padded_batches:
+            loss = padded_loss_backward(model, ids, labels, tok.pad_token_id)
+        else:
+            loss = sum(loss_backward(model, ids, labels))
         torch.nn.utils.clip_grad_norm_(model.parameters(), wcfg.grad_clip)
         opt.step()
         sched.step()
+        if step in wcfg.snapshot_steps:
+            snap = out.with_name(out.name + ".tmp") / "snapshots" / f"step_{step}"
+            model.save_pretrained(snap)
+            tok.save_pretrained(snap)
+            (snap / "train_info.json").write_text(json.dumps(  # loadable as a world by out_dir
+                {"seed": seed, "config": asdict(wcfg), "steps": step, "snapshot": True, "stopped_at_frontier": False,
+                 "seconds": time.perf_counter() - t0, "parameters": sum(p.numel() for p in model.parameters())},
+                indent=2, default=str))
         if step % wcfg.eval_every == 0:
             accs = {c: accuracy(model, tok, probs, wcfg.student_template, wcfg.stop_temperature, wcfg.stop_samples, seed=step)
                     for c, probs in eval_sets.items()}
             history.append({"step": step, "loss": loss, **{f"acc_c{c}": a for c, a in accs.items()}})
             bar.set_postfix(loss=f"{loss:.3f}", **{f"c{c}": f"{a:.2f}" for c, a in accs.items()})
-            if all(accs[c] >= thr for c, thr in stop_acc.items()):
+            if stop_acc and all(accs[c] >= thr for c, thr in stop_acc.items()):
                 stopped_at = step
                 break
     profile = {}
@@ -301,7 +369,7 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
         probs = generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 2, "profile")
         profile[f"c{c}"] = {"greedy": accuracy(model, tok, probs, wcfg.student_template),
                             "T1": accuracy(model, tok, probs, wcfg.student_template, 1.0, wcfg.stop_samples, seed=seed)}
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(out.name + ".tmp")  # snapshots, if any, are already in it
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
@@ -316,8 +384,6 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
         f"{json.dumps(profile)}\n\nStudent prompt: `{wcfg.student_template}`; answer in `\\boxed{{}}`. Teacher "
         f"prompt: `{wcfg.teacher_prompt.strip()}`.\n")
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)
     log.info("world model saved to %s (%d steps, %.0f s): %s", out, info["steps"], info["seconds"], profile)
@@ -366,8 +432,13 @@ def oracle_answer(question: str) -> str | None:
 
 
 def build_model(cfg) -> Path:
-    """``model.build`` for the world: pretrain (or reuse the cached) world model."""
+    """``model.build`` for the world: the cached world model, else the packaged one, else pretrain it."""
     wcfg = world_config(cfg)
+    if not wcfg.out_dir and not (world_dir(wcfg, wcfg.seed) / "train_info.json").exists():
+        shipped = shipped_dir(wcfg, wcfg.seed)
+        if shipped is not None:
+            log.info("world model shipped with the package: %s", shipped)
+            return shipped
     return pretrain(wcfg, wcfg.seed, progress=cfg.run.progress)
 
 
@@ -384,11 +455,12 @@ def world_config(cfg) -> ArithWorldConfig:
 
 
 def run_world(cfg, command: str = "pretrain") -> None:
-    """``soar-world pretrain`` builds the world model; ``soar-world problems`` writes the pool and the
+    """``soar-world pretrain`` builds the world model (into the cache or ``world.out_dir``, even when the
+    package ships it); ``soar-world problems`` writes the pool and the
     stepping-stone / control families to the run dir. Both print what they wrote."""
     wcfg = world_config(cfg)
-    if command == "pretrain":
-        print(build_model(cfg))
+    if command == "pretrain":  # always pretrains (or reuses its own cache), never the packaged copy
+        print(pretrain(wcfg, wcfg.seed, progress=cfg.run.progress))
     else:
         out = Path(cfg.run.dir or Path("runs") / cfg.run.name)
         print(json.dumps({k: str(v) for k, v in write_families(wcfg, wcfg.seed, out).items()}))

@@ -1,0 +1,62 @@
+"""The world gate's statistics (``scripts/compare_teachers.py``) on hand-made runs, and its oracle
+trajectories on a real step dump layout."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+spec = importlib.util.spec_from_file_location(
+    "compare_teachers", Path(__file__).resolve().parent.parent / "scripts" / "compare_teachers.py")
+gate_script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gate_script)
+
+
+def runs_with(gt: dict, bt: dict, promotions=None) -> dict:
+    out = {}
+    for s in gt:
+        out[f"grounded_s{s}"] = {"rewards": gt[s], "promotions": (promotions or {}).get(s, 0)}
+        out[f"base_s{s}"] = {"rewards": bt[s], "promotions": 0}
+    return out
+
+
+def test_last_third_is_the_final_third_of_the_steps():
+    assert gate_script.last_third(list(range(40))) == list(range(27, 40))
+    assert gate_script.last_third([1.0, 2.0]) == [1.0, 2.0]
+
+
+def test_gate_pairs_by_seed_and_step_and_needs_a_majority_and_two_standard_errors():
+    rng = np.random.default_rng(0)
+    bt = {s: list(rng.normal(0, 1, 30)) for s in range(3)}
+    better = {s: [x + 1.0 for x in bt[s]] for s in range(3)}  # +1 at every step: a sure pass
+    res = gate_script.gate(runs_with(better, bt, {0: 1, 1: 1, 2: 0}), [0, 1, 2])
+    assert res["gt_minus_bt_last_third"] == pytest.approx({0: 1.0, 1: 1.0, 2: 1.0})
+    assert res["pooled_paired"]["n"] == 30 and res["pooled_paired"]["se"] == pytest.approx(0.0, abs=1e-12)
+    assert res["passes_reward_gate"] and res["passes_promotion_gate"] and res["seeds_with_promotion"] == 2
+    noisy = {s: list(np.array(bt[s]) + rng.normal(0, 3, 30)) for s in range(3)}  # no real difference
+    res = gate_script.gate(runs_with(noisy, bt), [0, 1, 2])
+    pooled = res["pooled_paired"]
+    assert res["passes_reward_gate"] == (res["seeds_grounded_beats_base"] >= 2 and pooled["mean"] > 2 * pooled["se"])
+    assert not res["passes_promotion_gate"]
+    one_seed = {0: better[0], 1: [x - 1.0 for x in bt[1]], 2: [x - 1.0 for x in bt[2]]}
+    assert not gate_script.gate(runs_with(one_seed, bt), [0, 1, 2])["passes_reward_gate"]  # 1 of 3 seeds
+
+
+def test_teacher_trajectory_reads_the_step_dumps_through_the_oracle(tmp_path):
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    questions = [{"question": "999+001", "answer": "0001"},   # 999 + 100 = 1099: wrong, 1 carry
+                 {"question": "100+200", "answer": "3000"},   # 1 + 2 = 3: right, no carry
+                 {"question": "990+010", "answer": "9010"}]   # 99 + 10 = 109: right, 1 carry
+    from soar.worlds.arith import carries_of, oracle_answer, parse_question
+
+    (steps / "step_000001.json").write_text(json.dumps({"datasets": [{"questions": questions}]}))
+    traj = gate_script.teacher_trajectory(tmp_path, stepping=[1])
+    right = [oracle_answer(q["question"]) == q["answer"] for q in questions]
+    carries = [carries_of(*parse_question(q["question"])) for q in questions]
+    assert traj["answer_correct_frac"] == [pytest.approx(np.mean(right))]
+    assert traj["s_like_frac"] == [pytest.approx(np.mean([c == 1 for c in carries]))]
+    assert traj["s_like_correct_frac"] == [pytest.approx(np.mean([c == 1 and r for c, r in zip(carries, right)]))]
+    assert traj["carries_mean"] == [pytest.approx(np.mean(carries))]
