@@ -195,7 +195,9 @@ def main() -> None:
         world = {"gt_minus_bt_last_third": gate_report["gt_minus_bt_last_third"], "promotions": gate_report["promotions"],
                  f"pq_minus_hard_only_pass{top}": {"mean": m["mean"] - ho["mean"], "se": se, "n": n},
                  "gate": {k: v for k, v in gate_report.items() if k != "runs"}, "report": summary}
-        (REPO / "benchmarks" / "results" / "soar_world.json").write_text(json.dumps(world, indent=1))
+        (out / "soar_world.json").write_text(json.dumps(world, indent=1))
+        if not args.smoke:
+            (REPO / "benchmarks" / "results" / "soar_world.json").write_text(json.dumps(world, indent=1))
     print(markdown_table(agg))
     print(json.dumps({"verdict_at": key, **verdict, "minutes": round(summary["minutes"], 1)}, indent=1))
 

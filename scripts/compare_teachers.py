@@ -7,7 +7,7 @@ not CI; writes ``gate.json`` and, with ``--name``, ``benchmarks/results/world_ga
     python scripts/compare_teachers.py --out runs/gate --parallel 6 --threads 2    # a 16-core host
 
 One fail@k hard set is built first and shared by every run (``loop.hard_set``). For each seed it
-runs ``soar-train experiment=arith`` as Grounded-T; as Base-T, the same loop with a frozen teacher
+runs ``soar-train experiment=arith`` (``--experiment``) as Grounded-T; as Base-T, the same loop with a frozen teacher
 (``teacher.frozen=true``: it promotes by the same rule, so both are measured against comparably
 strong students); and as Base-T without promotion (``base_fixed``: the base student throughout),
 ``--parallel`` runs at a time with ``--threads`` threads each. Runs
@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/gate")
     ap.add_argument("--name", help="also write benchmarks/results/world_gate_<name>.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--experiment", default="arith", help="the preset the overrides apply to")
     ap.add_argument("--steps", type=int, default=40, help="outer steps per run (loop.steps)")
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
@@ -150,7 +151,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    common = ["experiment=arith", "run.progress=false", "loop.diversity_model=null", *args.overrides]
+    common = [f"experiment={args.experiment}", "run.progress=false", "loop.diversity_model=null", *args.overrides]
 
     import soar
     from soar.prepare import resolve_model_path
