@@ -95,7 +95,7 @@ def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
         return f"disk full under {run_dir} ({type(exc).__name__}: {exc}); free space, then rerun the same command " \
                "to resume"
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"cannot access {exc.filename}: {exc.strerror}"
+        return f"cannot access {exc.filename or run_dir}: {exc.strerror}"
     return None
 
 
