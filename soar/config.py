@@ -655,6 +655,17 @@ def _validate_inputs(cfg, stage: str) -> None:
         _fail("data.limit", "must be >= 1 or null")
 
 
+def _validate_grader(cfg, stage: str) -> None:
+    from soar.grading import GRADERS
+
+    name = cfg.data.grader
+    if name in GRADERS:
+        return
+    if ":" not in name and "." not in name:
+        _fail("data.grader", f"unknown grader {name!r}: one of {', '.join(GRADERS)}, or a dotted path pkg.module:Class")
+    load_callable(name, "data.grader")
+
+
 def _validate_student(cfg, stage: str) -> None:
     s = cfg.student
     _validate_policy(s, "student")
@@ -741,19 +752,20 @@ def _validate_filter(cfg, stage: str) -> None:
         _fail("filter.mixed_group_sizes", f"every group size must be >= 1, got {list(f.mixed_group_sizes)}")
 
 
-_SECTION_CHECKS = {"inputs": _validate_inputs, "student": _validate_student, "teacher": _validate_teacher,
+_SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student, "teacher": _validate_teacher,
                    "inner": _validate_inner, "promotion": _validate_promotion, "loop": _validate_loop,
                    "resources": _validate_resources_section, "filter": _validate_filter}
 
 STAGE_SECTIONS = {
-    "rl": ("inputs", "student"),
-    "filter": ("inputs", "filter"),
+    "rl": ("inputs", "grader", "student"),
+    "filter": ("inputs", "grader", "filter"),
     # soar-train builds its hard set with fail@k (filter.*) unless loop.hard_set is a finished split.
-    "train": ("inputs", "student", "teacher", "inner", "promotion", "loop", "resources", "filter"),
-    "eval": ("student",),  # fresh students; eval.* is checked by soar.evaluate.validate_eval
+    "train": ("inputs", "grader", "student", "teacher", "inner", "promotion", "loop", "resources", "filter"),
+    "eval": ("grader", "student"),  # fresh students; eval.* is checked by soar.evaluate.validate_eval
     "world": (),
 }
-"""The config sections each stage reads, so each validates all of them (``inputs``: model + data)."""
+"""The config sections each stage reads, so each validates all of them (``inputs``: model + data;
+``grader``: ``data.grader``)."""
 
 
 def _validate_resources(r, model_path: str | None, cores: int) -> None:
