@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from soar.data import Problem, render_prompt, write_jsonl
+from soar.data import DataError, Problem, render_prompt, write_jsonl
 from soar.generation import SamplingParams
 from soar.seeding import derive_seed
 
@@ -55,7 +55,7 @@ def read_manifest_rows(path: Path) -> tuple[list[dict], int]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             if n != len(lines) - 1:
-                raise ValueError(f"{path}: line {n + 1} is not JSON (only the last line may be cut by a kill)") from None
+                raise DataError(f"{path}: line {n + 1} is not JSON (only the last line may be cut by a kill)") from None
     return rows, len(lines)
 
 
@@ -73,7 +73,7 @@ class Manifest:
         for n, row in enumerate(rows):
             for field in PROVENANCE_FIELDS:
                 if row.get(field) != self.provenance[field]:
-                    raise ValueError(
+                    raise DataError(
                         f"{self.path}: row {n + 1}: field {field!r} is {row.get(field)!r} but this run has "
                         f"{self.provenance[field]!r}; use a new run dir or restore the original settings")
         # A batch is complete only if all of its problems are present; otherwise redo it whole so

@@ -15,8 +15,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import warnings
+from pathlib import Path
 
 from soar.config import ConfigError, conf_dir, register_configs
 
@@ -34,26 +37,66 @@ def rewrite_shortcuts(args: list[str]) -> list[str]:
 
 
 def _entry(stage_fn) -> None:
+    """Run ``stage_fn`` under Hydra. A user or environment error (bad config, data, run dir, a full
+    disk) prints one line, ``soar: ...``, and exits 2; a traceback is printed only for bugs, or for
+    every error with ``--verbose`` or ``HYDRA_FULL_ERROR=1``."""
     import hydra
-
-    from soar.data import DataError
-    from soar.loop import LoopError
-    from soar.rundata import RunDataError
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     # conf/hydra/launcher/submitit_slurm.yaml lists every field of the plugin's schema of that name
     warnings.filterwarnings("ignore", message="(?s).*is validated against ConfigStore schema", category=UserWarning)
-    sys.argv = [sys.argv[0], *rewrite_shortcuts(sys.argv[1:])]
+    args = sys.argv[1:]
+    verbose = "--verbose" in args or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    sys.argv = [sys.argv[0], *rewrite_shortcuts([a for a in args if a != "--verbose"])]
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
     def _run(cfg) -> None:
         try:
             stage_fn(cfg)
-        except (ConfigError, DataError, LoopError, RunDataError) as exc:
-            print(f"soar: {exc}", file=sys.stderr)
-            sys.exit(2)
+        except Exception as exc:
+            _exit_if_user_error(stage_error_message(exc, Path(cfg.run.dir or Path("runs") / cfg.run.name)), verbose)
+            raise
 
-    _run()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises composition errors instead of printing them
+    try:
+        _run()
+    except (HydraException, OmegaConfBaseException) as exc:  # composing the config failed: a bad override
+        cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
+        _exit_if_user_error(f"config error: {exc}" + (f" ({cause})" if cause else ""), verbose)
+        raise
+
+
+def _exit_if_user_error(message: str | None, verbose: bool) -> None:
+    """Print ``soar: <message>`` on one line and exit 2, unless it is a bug (None) or ``verbose``."""
+    if message is None or verbose:
+        return
+    print("soar: " + " ".join(message.split()), file=sys.stderr)
+    sys.exit(2)
+
+
+def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
+    """What to tell the user about ``exc``, raised by a stage writing to ``run_dir``; None for a bug
+    (which deserves its traceback)."""
+    from soar.data import DataError
+    from soar.loop import LoopError
+    from soar.run import RunDirError, disk_full
+    from soar.rundata import RunDataError
+    from soar.vllm_backend import EngineStartError
+
+    if isinstance(exc, (ConfigError, DataError, LoopError, RunDataError, RunDirError, EngineStartError)):
+        return str(exc)
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full: cannot write {exc.filename or run_dir} ({exc.strerror}); free space, then rerun the " \
+               "same command to resume"
+    if disk_full(run_dir):  # some writers (torch.save) report a full disk as a bare RuntimeError
+        return f"disk full under {run_dir} ({type(exc).__name__}: {exc}); free space, then rerun the same command " \
+               "to resume"
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot access {exc.filename or run_dir}: {exc.strerror}"
+    return None
 
 
 def rl_main() -> None:

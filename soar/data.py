@@ -6,13 +6,17 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import itertools
 import json
 import logging
 import os
 import re
 import string
+import tempfile
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -53,15 +57,15 @@ def _builder(name: str) -> str:
     return "parquet" if name.endswith(".parquet") else "json"
 
 
-def _read_rows(path: str, split: str, member: str | None = None):
+def _read_rows(path: str, split: str, member: str | None, bad_rows: dict[int, str]):
     """Yield raw rows with ``datasets.load_dataset`` (JSONL/JSON/parquet files, optionally gzipped;
-    ``member`` of a zip archive, streamed in place; save_to_disk folders; hub ids)."""
+    ``member`` of a zip archive, streamed in place; save_to_disk folders; hub ids). Lines of a JSON
+    Lines file that are not JSON objects are left out and described in ``bad_rows`` by row index."""
     import datasets
 
     p = Path(path).expanduser()
     if member:
-        if member not in zipfile.ZipFile(p).namelist():
-            raise DataError(f"{p}: no member {member!r} (members: {zipfile.ZipFile(p).namelist()[:10]})")
+        _check_zip_member(p, member)
         # An fsspec chained URL, streamed: nothing is extracted to disk (HARP must stay zipped).
         return datasets.load_dataset(_builder(member), data_files=f"zip://{member}::{p.resolve()}",
                                      split="train", streaming=True)
@@ -69,15 +73,88 @@ def _read_rows(path: str, split: str, member: str | None = None):
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[split]
-    elif p.is_file():
-        builder = _builder(p.name)
+        return ds
+    if not p.is_file():
+        return datasets.load_dataset(path, split=split)  # hub id (needs network or a local cache)
+    builder = _builder(p.name)
+    if p.name.endswith(".zip"):
+        if not zipfile.is_zipfile(p):
+            raise DataError(f"{p}: not a readable zip archive (truncated or corrupt?); fetch it again")
+    elif builder == "json":
+        text = _json_text(p)
+        found = _bad_json_lines(text)
+        if found:
+            bad_rows.update(found)
+            return _load_json_lines([line for line in text.splitlines() if line.strip()], found)
+    try:
+        return datasets.load_dataset(builder, data_files=str(p), split="train")
+    except Exception as exc:  # datasets wraps JSON decode errors; name the file and the reason
+        raise DataError(f"{p}: cannot be read as {builder}: {_reason(exc)}") from exc
+
+
+def _check_zip_member(p: Path, member: str) -> None:
+    """The archive opens, holds ``member``, and the member decompresses with a matching CRC (checked
+    once up front: a streamed read would fail mid-file with zipfile's bare ``Bad CRC-32``)."""
+    try:
+        with zipfile.ZipFile(p) as archive:
+            if member not in archive.namelist():
+                raise DataError(f"{p}: no member {member!r} (members: {archive.namelist()[:10]})")
+            with archive.open(member) as fh:
+                while fh.read(1 << 20):
+                    pass
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise DataError(f"{p} [{member}]: corrupt zip archive ({exc}); fetch it again") from None
+
+
+def _json_text(p: Path) -> str:
+    try:
+        with (gzip.open(p, "rt", encoding="utf-8") if p.name.endswith(".gz") else open(p, encoding="utf-8")) as fh:
+            text = fh.read()
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
+        raise DataError(f"{p}: cannot be read as UTF-8 JSON text ({exc})") from None
+    if not text.strip():
+        raise DataError(f"{p}: empty file (no rows)")
+    return text
+
+
+def _bad_json_lines(text: str) -> dict[int, str]:
+    """``{row index: why}`` for the lines of a JSON Lines text that are not JSON objects (blank
+    lines are not rows); {} for a single JSON document, which ``datasets`` reads whole."""
+    try:
+        json.loads(text)
+        return {}
+    except json.JSONDecodeError:
+        pass
+    bad = {}
+    rows = (line for line in text.splitlines() if line.strip())
+    for index, line in enumerate(rows):
         try:
-            ds = datasets.load_dataset(builder, data_files=str(p), split="train")
-        except Exception as exc:  # datasets wraps JSON decode errors; name the file
-            raise DataError(f"{p}: cannot be read as {builder}: {exc}") from exc
-    else:
-        ds = datasets.load_dataset(path, split=split)  # hub id (needs network or a local cache)
-    return ds
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            bad[index] = f"not valid JSON ({exc.msg} at column {exc.colno})"
+            continue
+        if not isinstance(value, dict):
+            bad[index] = f"a JSON {type(value).__name__}, not an object"
+    return bad
+
+
+def _load_json_lines(lines: list[str], bad: dict[int, str]):
+    """The good rows of a JSON Lines file, read by ``datasets`` exactly as a clean file would be."""
+    import datasets
+
+    if len(bad) == len(lines):
+        return []
+    with tempfile.TemporaryDirectory(prefix="soar-rows-") as tmp:
+        good = Path(tmp) / "rows.jsonl"
+        good.write_text("".join(line + "\n" for i, line in enumerate(lines) if i not in bad))
+        return datasets.load_dataset("json", data_files=str(good), split="train", cache_dir=tmp, keep_in_memory=True)
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception and its cause as one line (``datasets`` hides the reason in the cause)."""
+    parts = [f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+             for e in (exc, exc.__cause__ or exc.__context__) if e is not None]
+    return " ".join("; caused by ".join(parts).split())
 
 
 class _BadValue(ValueError):
@@ -119,8 +196,14 @@ def load_problems(data_cfg, path: str | None = None) -> list[Problem]:
     if unknown:
         raise DataError(f"data.answer_normalizers: unknown {unknown} (known: {', '.join(ANSWER_NORMALIZERS)})")
     excluded = {str(i) for i in data_cfg.exclude_ids or ()}
-    problems, bad, seen, dropped = [], [], set(), set()
-    for index, row in enumerate(_read_rows(path, data_cfg.split, member)):
+    problems, bad, seen, dropped, unreadable = [], [], set(), set(), {}
+    rows = _read_rows(path, data_cfg.split, member, unreadable)
+    for index, message in unreadable.items():  # rows that are not JSON objects follow data.on_bad_row too
+        bad.append(f"{where}: row {index}: {message}")
+        if data_cfg.on_bad_row == "error":
+            raise DataError(bad[0] + " (set data.on_bad_row=skip to skip bad rows)")
+    indices = (i for i in itertools.count() if i not in unreadable)  # row numbers as in the file
+    for index, row in zip(indices, rows):
         try:
             pid = _row_id(data_cfg, row)
             if pid in excluded:
@@ -142,7 +225,8 @@ def load_problems(data_cfg, path: str | None = None) -> list[Problem]:
     if excluded - dropped and not data_cfg.limit:
         log.warning("%s: data.exclude_ids %s never occurred", where, sorted(excluded - dropped))
     if not problems:
-        raise DataError(f"{where}: no usable rows (keys {data_cfg.problem_key!r}/{data_cfg.answer_key!r})")
+        first_bad = f"; {len(bad)} bad rows, the first: {bad[0]}" if bad else ""
+        raise DataError(f"{where}: no usable rows (keys {data_cfg.problem_key!r}/{data_cfg.answer_key!r}){first_bad}")
     return problems
 
 

@@ -299,7 +299,7 @@ def run_eval(cfg) -> dict:
 
     ecfg = cfg.eval
     validate_eval(cfg)
-    validate(cfg, "world")
+    validate(cfg, "eval")
     set_threads(cfg.run.threads)
     resolve_model_path(cfg)
     run = read_run(ecfg.run_dir) if ecfg.run_dir else None

@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
 import multiprocessing
 import re
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -31,6 +33,7 @@ _LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])")
 _SPACING = re.compile(r"\\[!,;: ]")
 _INT_LITERAL = re.compile(r"[+-]?(?:\d+|\d{1,3}(?:,\d{3})+)")
 _STATS_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 _SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -91,7 +94,10 @@ def shaped_reward(boxed: bool, correct: bool, boxed_content: str | None, gold_ke
 class Grade:
     """One graded prediction.  ``error`` is None, "timeout", "gold_unparseable",
     "worker_crash" or "exception:<Type>": something to count; ``correct`` stays the
-    best verdict available (always False on timeouts, crashes and exceptions)."""
+    best verdict available (always False on timeouts, crashes and exceptions).  Such items
+    keep the textual part of the shaped reward (10, or 20 with the gold inside the box): that
+    rule needs no verifier, and an answer that stalls the verifier earns no more than the same
+    answer judged wrong, so stalling it never pays."""
     correct: bool
     reward: float
     boxed: bool
@@ -198,9 +204,16 @@ class Grader:
 
 
 def _parse_int_literal(s: str) -> int | None:
-    """Integer literal -> int: sign, leading zeros, spaces and thousands commas allowed."""
+    """Integer literal -> int: sign, leading zeros, spaces and thousands commas allowed. A literal
+    beyond Python's int-string limit (``sys.get_int_max_str_digits()``, 4,300 digits) is no answer
+    anyone means: None, like any other unparseable text."""
     s = normalize_answer(s).replace("{,}", ",").replace("\u2212", "-")
-    return int(s.replace(",", "")) if _INT_LITERAL.fullmatch(s) else None
+    if not _INT_LITERAL.fullmatch(s):
+        return None
+    try:
+        return int(s.replace(",", ""))
+    except ValueError:  # over the int-string limit
+        return None
 
 
 class IntegerGrader(Grader):
@@ -283,12 +296,21 @@ def math_verify_check(boxed_content: str, gold: str, float_rounding: int = 6,
         return CheckResult(False, True, f"exception:{type(e).__name__}")
 
 
+def math_verify_parseable(answer: str) -> bool:
+    """Whether math_verify parses ``answer`` into a symbolic (non-string) object; never raises."""
+    try:
+        return any(not isinstance(x, str) for x in _mv_parse(answer))
+    except Exception:
+        return False
+
+
 class MathVerifyGrader(Grader):
     """math_verify grader with self-managed, thread-safe timeouts.  With ``use_process_pool``
     (default) boxed items go to a lazy, reused spawn-context pool of ``max_workers``, waiting
     at most ``timeout_s`` per item; on a timeout the pool is killed and recreated and the item
-    gets ``error="timeout"``.  Without it, grading runs in-process with math_verify's timeouts
-    off (safe in threads and Ray actors, but unbounded in time).  ``check_fn``: picklable
+    gets ``error="timeout"``; ``parseable`` is bounded the same way.  Without it, both run
+    in-process with math_verify's timeouts off (safe in threads and Ray actors, but unbounded in
+    time).  ``check_fn``: picklable
     ``(boxed_content, gold) -> CheckResult`` replacing the default."""
     name = "math_verify"
 
@@ -303,12 +325,12 @@ class MathVerifyGrader(Grader):
         self.float_rounding, self.strict, self.startup_timeout_s = float_rounding, strict, startup_timeout_s
 
     def parseable(self, answer: str) -> bool:
-        """math_verify yields a symbolic (non-string) object for it. Parsing runs in-process:
-        the hangs this grader guards against are in ``verify``, not ``parse``."""
-        try:
-            return any(not isinstance(x, str) for x in _mv_parse(answer))
-        except Exception:
-            return False
+        """math_verify yields a symbolic (non-string) object for it. Parsing can hang like verifying
+        (2,000 nested braces: 14-30 s), and teacher answers are untrusted model text, so with the
+        process pool it is bounded by ``timeout_s`` too: an answer that times out is unparseable."""
+        if not self.use_process_pool:
+            return math_verify_parseable(answer)
+        return self._call_bounded(math_verify_parseable, answer) is True
 
     def _fn(self) -> Callable[[str, str], CheckResult]:
         # functools.partial of a module-level function pickles; a lambda would not.
@@ -367,6 +389,20 @@ class MathVerifyGrader(Grader):
         for grade, pred_bad in out:
             self.stats.record(grade, pred_bad)
         return [g for g, _ in out]
+
+    def _call_bounded(self, fn, *args):
+        """``fn(*args)`` in the pool within ``timeout_s``; None when it times out or kills its worker
+        (the pool is then replaced, as in ``grade_batch``)."""
+        future = self._get_pool().submit(fn, *args)
+        try:
+            return future.result(timeout=self.timeout_s)
+        except FuturesTimeout:
+            log.warning("math_verify gave up on %s after %.0f s (%d characters)", fn.__name__, self.timeout_s,
+                        sum(len(str(a)) for a in args))
+        except BrokenProcessPool:
+            log.warning("math_verify's worker died in %s (%d characters)", fn.__name__, sum(len(str(a)) for a in args))
+        self._kill_pool()
+        return None
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:  # spawn: forking a process with threads/CUDA/Ray state is unsafe.

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -56,12 +58,36 @@ def build_tiny_llama(tokenizer, hidden: int = 128, layers: int = 4, heads: int =
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+@contextmanager
+def _model_load_errors(model_cfg, what: str):
+    """A model folder or hub id that cannot be loaded is the user's to fix: one ``ConfigError`` naming
+    ``model.path`` instead of transformers' chained tracebacks. A local folder's ``config.json`` is
+    checked first, so a broken one is named with its JSON error."""
+    from soar.config import ConfigError
+
+    folder = Path(model_cfg.path).expanduser()
+    if folder.is_dir():
+        config = folder / "config.json"
+        if not config.is_file():
+            raise ConfigError(f"config error: model.path: {folder} has no config.json (not a Hugging Face model folder)")
+        try:
+            json.loads(config.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config error: model.path: {config} is not valid JSON ({exc})") from None
+    try:
+        yield
+    except (OSError, ValueError) as exc:  # missing weights or tokenizer files, an unknown architecture
+        raise ConfigError(f"config error: model.path: cannot load the {what} from {model_cfg.path}: "
+                          f"{' '.join(str(exc).split()) or type(exc).__name__}") from exc
+
+
 def load_tokenizer(model_cfg):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(
-        model_cfg.path, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
-    )
+    with _model_load_errors(model_cfg, "tokenizer"):
+        tok = AutoTokenizer.from_pretrained(
+            model_cfg.path, revision=model_cfg.revision, trust_remote_code=model_cfg.trust_remote_code
+        )
     if tok.pad_token is None:  # Llama-3 ships without a pad token
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -71,12 +97,13 @@ def load_tokenizer(model_cfg):
 def load_model(model_cfg):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_cfg.path,
-        revision=model_cfg.revision,
-        dtype=_DTYPES[model_cfg.dtype],
-        trust_remote_code=model_cfg.trust_remote_code,
-    )
+    with _model_load_errors(model_cfg, "model"):
+        model = AutoModelForCausalLM.from_pretrained(
+            model_cfg.path,
+            revision=model_cfg.revision,
+            dtype=_DTYPES[model_cfg.dtype],
+            trust_remote_code=model_cfg.trust_remote_code,
+        )
     model.generation_config.pad_token_id = model.config.pad_token_id
     device = getattr(model_cfg, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device)

