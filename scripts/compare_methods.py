@@ -7,6 +7,7 @@ problems), aggregated to mean ± SD per method and k, with plots (``soar-report`
     python scripts/compare_methods.py --out runs/methods_smoke --smoke      # arith_micro, ~3 minutes
     python scripts/compare_methods.py --out runs/methods --seeds 0 1 2 -- loop.steps=30   # extra overrides
     python scripts/compare_methods.py --out runs/methods --gate runs/gate     # reuse the gate's runs
+    python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ   # PQ vs Hard-Only only
 
 With ``--gate DIR`` (a ``scripts/compare_teachers.py`` output) the hard set and the Grounded-T and
 Base-T runs are the gate's, and ``benchmarks/results/soar_world.json`` gets the verdict keys next to
@@ -44,6 +45,7 @@ STAGES = {"soar-world": "world_main", "soar-filter": "filter_main", "soar-train"
           "soar-export": "export_main", "soar-eval": "eval_main"}
 TEACHERS = {"Grounded-T": [], "Intrinsic-T": ["teacher.reward=intrinsic", "promotion.enabled=false"],
             "Base-T": ["teacher.frozen=true", "promotion.enabled=false"]}
+ROWS = ("Hard-Only", "Oracle", *TEACHERS, "SOAR-PQ", "SOAR-PS", "Base model")
 
 
 def cli(stage: str) -> list[str]:
@@ -88,8 +90,12 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="experiment=arith_micro, one seed, tiny sizes")
     ap.add_argument("--gate", help="a compare_teachers.py output folder: reuse its hard set and runs")
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS),
+                    help="the rows to evaluate (Grounded-T runs are always trained: PQ, PS and the anchor need them)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every stage (after --)")
     args = ap.parse_args()
+    if "Hard-Only" not in args.rows:
+        ap.error("--rows needs Hard-Only: every verdict is measured against it")
     if args.smoke:
         args.seeds, args.students, args.questions, args.eval_steps, args.samples = [0], 1, 8, 6, 8
     experiment = "arith_micro" if args.smoke else "arith"
@@ -113,10 +119,11 @@ def main() -> None:
     common.append(f"loop.hard_set={hard}")
 
     # 2. teachers
-    runs = {(name, s): out / "train" / f"{name}_s{s}" for name in TEACHERS for s in args.seeds}
+    teachers = [name for name in TEACHERS if name == "Grounded-T" or name in args.rows]
+    runs = {(name, s): out / "train" / f"{name}_s{s}" for name in teachers for s in args.seeds}
     if gate:
         runs.update({(name, s): gate / f"{v}_s{s}" for name, v in (("Grounded-T", "grounded"), ("Base-T", "base"))
-                     for s in args.seeds})
+                     if name in teachers for s in args.seeds})
 
     def train(key):
         name, seed = key
@@ -133,7 +140,7 @@ def main() -> None:
         if name == "Grounded-T" and sh([*cli("soar-export"), str(run), *pq_cfg, "export.models=false",
                                         f"export.out={run / 'export_pq'}"], log, check=False) == 0:
             eligible.append(run)
-        if not (run / "export_samples" / "export.json").exists():
+        if name in args.rows and not (run / "export_samples" / "export.json").exists():
             sh([*cli("soar-export"), str(run), "export.pq=false", "export.models=false", f"export.samples={args.questions}",
                 f"export.out={run / 'export_samples'}"], log)
 
@@ -147,7 +154,7 @@ def main() -> None:
             k = seed * 100 + j
             jobs.append(("Hard-Only", k, ["eval.method=hard_only", f"eval.run_dir={anchor}"]))
             jobs.append(("Oracle", k, ["eval.method=oracle", f"eval.run_dir={anchor}"]))
-            for name in TEACHERS:
+            for name in (name for name in teachers if name in args.rows):
                 samples = next((runs[(name, seed)] / "export_samples").glob("teacher_step_*"))
                 jobs.append((name, k, ["eval.method=questions", f"eval.questions={samples}",
                                        f"eval.run_dir={runs[(name, seed)]}"]))
@@ -156,6 +163,7 @@ def main() -> None:
         if runs[("Grounded-T", seed)] in eligible:
             jobs.append(("SOAR-PS", seed, ["eval.method=ps", f"eval.run_dir={runs[('Grounded-T', seed)]}"]))
     jobs.append(("Base model", 0, ["eval.method=base", f"eval.run_dir={anchor}"]))
+    jobs = [job for job in jobs if job[0] in args.rows]
     eval_dirs = [out / "eval" / f"{label.replace(' ', '_')}_s{k}" for label, k, _ in jobs]
 
     def evaluate(i):
