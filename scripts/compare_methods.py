@@ -189,7 +189,8 @@ def main() -> None:
         if label in agg["table"]:
             m, n = agg["table"][label]["metrics"][key], agg["table"][label]["seeds"]
             se = float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))
-            verdict[label] = {"diff": m["mean"] - ho["mean"], "diff_in_se": (m["mean"] - ho["mean"]) / se if se else None,
+            verdict[label] = {"diff": m["mean"] - ho["mean"], "se": se, "n": n,
+                              "diff_in_se": (m["mean"] - ho["mean"]) / se if se else None,
                               "beats_hard_only_by_more_than_sd": m["mean"] - ho["mean"] > max(m["sd"], ho["sd"])}
     summary = {"experiment": experiment, "seeds": args.seeds, "students": args.students, "eligible_pq_runs":
                [str(r) for r in eligible], "table": agg, "verdict_at": key, "verdict": verdict,
@@ -197,11 +198,9 @@ def main() -> None:
     (out / "compare_methods.json").write_text(json.dumps(summary, indent=1))
     if gate and "SOAR-PQ" in agg["table"]:
         gate_report = json.loads((gate / "gate.json").read_text())
-        pq = agg["table"]["SOAR-PQ"]
-        m, n = pq["metrics"][key], pq["seeds"]
-        se = float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))
+        pq = verdict["SOAR-PQ"]
         world = {"gt_minus_bt_last_third": gate_report["gt_minus_bt_last_third"], "promotions": gate_report["promotions"],
-                 f"pq_minus_hard_only_pass{top}": {"mean": m["mean"] - ho["mean"], "se": se, "n": n},
+                 f"pq_minus_hard_only_pass{top}": {"mean": pq["diff"], "se": pq["se"], "n": pq["n"]},
                  "gate": {k: v for k, v in gate_report.items() if k != "runs"}, "report": summary}
         (out / "soar_world.json").write_text(json.dumps(world, indent=1))
         if not args.smoke:
