@@ -63,3 +63,65 @@ def script(name: str) -> str:
 
 
 from slurm_cluster import slurm_cluster  # noqa: E402,F401  (a real two-node SLURM for tests/test_slurm.py)
+
+
+def _benchmark_data_dir() -> Path | None:
+    """The benchmark files' folder for this test session: ``$SOAR_DATA_DIR``; else ``<repo>/../shared/data``
+    (``soar.data.shared_data_dir``'s default); else, for a clone made elsewhere (a fresh clone under
+    /tmp has no ``../shared``), ``../shared/data`` beside the local repository it was cloned from."""
+    if os.environ.get("SOAR_DATA_DIR"):
+        return Path(os.environ["SOAR_DATA_DIR"])
+    candidates = [REPO.parent / "shared" / "data"]
+    try:
+        url = subprocess.run(["git", "-C", str(REPO), "config", "--get", "remote.origin.url"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        url = ""
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    if url.startswith("/"):
+        candidates.append(Path(url).resolve().parent / "shared" / "data")
+    return next((c for c in candidates if (c / "NOTICE.md").is_file()), None)
+
+
+# Set before the test modules are imported: their skipif marks and the CLI subprocesses read it.
+BENCHMARK_DATA = _benchmark_data_dir()
+if BENCHMARK_DATA is not None and not os.environ.get("SOAR_DATA_DIR"):
+    os.environ["SOAR_DATA_DIR"] = str(BENCHMARK_DATA)
+
+
+def pytest_report_header(config):
+    if BENCHMARK_DATA is None:
+        return (f"benchmark files: not found beside {REPO} or its origin (set SOAR_DATA_DIR); "
+                "tests/test_benchmarks.py and tests/test_grading_real.py will skip")
+    return f"benchmark files: {BENCHMARK_DATA}"
+
+
+# Test tiers (markers registered in pyproject.toml; docs/loop.md, "Tests and their tiers").
+# requires_slurm: every test that uses the slurm_cluster fixture (it skips, or fails under
+#   SOAR_REQUIRE_SLURM=1 as in .ci/run, when SLURM is not installed);
+# requires_vllm: tests/test_vllm.py (one vllm engine per module) and tests marked by hand;
+# requires_gpu: marked by hand; skipped here when torch sees no CUDA device;
+# slow: marked by hand (measured with --durations).
+VLLM_MODULES = {"test_vllm.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import importlib.util
+
+    have_vllm = importlib.util.find_spec("vllm") is not None
+    cuda = None
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.requires_slurm)
+        if item.path.name in VLLM_MODULES:
+            item.add_marker(pytest.mark.requires_vllm)
+        if item.get_closest_marker("requires_vllm") and not have_vllm:
+            item.add_marker(pytest.mark.skip(reason="requires_vllm: vllm is not installed"))
+        if item.get_closest_marker("requires_gpu"):
+            if cuda is None:
+                import torch
+
+                cuda = torch.cuda.is_available()
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="requires_gpu: torch sees no CUDA device"))

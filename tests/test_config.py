@@ -94,6 +94,14 @@ def test_non_editable_install_ships_conf(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    if sys.prefix != sys.base_prefix:
+        import site
+
+        # Inside a virtualenv, --system-site-packages sees the base interpreter's packages, not the
+        # active venv's (torch, transformers, ...): list the active environment's site dirs in a .pth.
+        purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+        Path(purelib, "_active_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     # Build the wheel with the base interpreter's setuptools, install it without deps: the
     # dependencies already sit in the base environment the venv can see.
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
