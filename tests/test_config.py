@@ -103,11 +103,12 @@ def test_non_editable_install_ships_conf(tmp_path):
                                  check=True, capture_output=True, text=True, timeout=60).stdout.strip()
         Path(purelib, "_active_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     # Build the wheel with the base interpreter's setuptools, install it without deps: the
-    # dependencies already sit in the base environment the venv can see.
+    # dependencies already sit in the base environment the venv can see. --force-reinstall: a soar
+    # installed there (say, editable from another checkout) must not count as "already satisfied".
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), str(repo)], check=True, timeout=240, cwd=tmp_path, capture_output=True)
     wheel = next((tmp_path / "dist").glob("soar-*.whl"))
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
                    check=True, timeout=240, cwd=tmp_path, capture_output=True)
     probe = ("import soar, sys; from soar.config import conf_dir; c = conf_dir(); "
              "print(soar.__file__); print(c); assert (c / 'student' / 'paper.yaml').is_file(); "
