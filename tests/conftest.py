@@ -102,7 +102,7 @@ def pytest_report_header(config):
 #   SOAR_REQUIRE_SLURM=1 as in .ci/run, when SLURM is not installed);
 # requires_vllm: tests/test_vllm.py (one vllm engine per module) and tests marked by hand;
 # requires_gpu: marked by hand; skipped here when torch sees no CUDA device;
-# slow: marked by hand (measured with --durations).
+# slow: marked by hand (measured with --durations), and every requires_slurm test.
 VLLM_MODULES = {"test_vllm.py"}
 
 
@@ -114,6 +114,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.requires_slurm)
+            item.add_marker(pytest.mark.slow)  # sbatch to a finished outer step alone is 27-42 s
         if item.path.name in VLLM_MODULES:
             item.add_marker(pytest.mark.requires_vllm)
         if item.get_closest_marker("requires_vllm") and not have_vllm:

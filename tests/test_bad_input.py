@@ -260,6 +260,7 @@ def uninterrupted(tiny_model_dir, tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size, named", [
     # 4 MiB holds the hard set but not the first checkpoint (7.7 MiB): torch.save fails mid-write
     # ("RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos ...").

@@ -54,6 +54,7 @@ def test_filter_builds_hard_set(tiny_model_dir, filter_questions, tmp_path):
     assert set(summary["mixed_prob_group_mixed"]) == {"8", "32"}
 
 
+@pytest.mark.slow
 def test_filter_resume_after_kill(tiny_model_dir, filter_questions, tmp_path):
     extra = ["filter.problems_per_batch=1"]
     run_cli(filter_args(tiny_model_dir, filter_questions, tmp_path / "ref", extra=extra))

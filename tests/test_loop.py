@@ -34,6 +34,7 @@ def reference_run(tiny_model_dir, tmp_path_factory):
     return run_dir, res, time.perf_counter() - t0
 
 
+@pytest.mark.slow
 def test_micro_run_writes_metrics_checkpoints_pq_and_promotes_once(reference_run):
     run_dir, res, seconds = reference_run
     summary = json.loads(res.stdout.strip().splitlines()[-1])
@@ -91,6 +92,7 @@ def run_killed(args, env_extra=None, kill_after=None):
     return proc.returncode, out
 
 
+@pytest.mark.slow
 def test_sigkill_at_fixed_phases_and_a_random_moment_then_resume_equals_uninterrupted(reference_run, tiny_model_dir,
                                                                                        tmp_path):
     ref_dir = reference_run[0]
@@ -145,6 +147,7 @@ def test_more_reward_questions_than_hard_train_is_a_config_error(tiny_model_dir,
     assert res.returncode == 2 and "inner.reward_questions: M=8 is larger than the hard train split (3" in res.stderr
 
 
+@pytest.mark.slow
 def test_intrinsic_teacher_and_base_teacher_variants(reference_run, tiny_model_dir, tmp_path):
     hard = reference_run[0] / "hard_set"  # reuse the reference run's hard set
     run_cli(micro_args(tiny_model_dir, tmp_path / "intrinsic", f"loop.hard_set={hard}", "teacher.reward=intrinsic",
@@ -168,6 +171,7 @@ def test_intrinsic_teacher_and_base_teacher_variants(reference_run, tiny_model_d
     assert rows[0]["teacher/answer_correct_frac"] == ref["teacher/answer_correct_frac"]
 
 
+@pytest.mark.slow
 def test_lora_teacher_and_students(reference_run, tiny_model_dir, tmp_path):
     """LoRA students are promoted as merged copies (plus their adapter); the LoRA teacher's KL
     reference is the base with its adapter disabled."""

@@ -111,6 +111,7 @@ def test_only_the_fetched_student_travels_and_matches_in_process(two_workers, in
     assert (tmp_path / "promoted" / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_killed_worker_is_replaced_and_the_student_rerun_identically(world, ray_local, in_process, tmp_path):
     env = {"SOAR_FAULT": "pool_student:0:0:1:0", "SOAR_FAULT_ONCE": str(tmp_path / "fired")}
     reward, res = rewards_for(world, 2, env)
@@ -131,6 +132,7 @@ def test_killed_worker_is_replaced_and_the_student_rerun_identically(world, ray_
         reward.close()
 
 
+@pytest.mark.slow
 def test_a_student_failing_twice_fails_the_run_naming_it(world, ray_local):
     from students.pool import PoolError
 
@@ -164,6 +166,7 @@ def test_pool_size_is_capped_by_ram(tiny_model_dir, monkeypatch):
                                 "resources.num_workers=3"]), "train")
 
 
+@pytest.mark.slow
 def test_soar_train_on_the_pool_equals_in_process(tiny_model_dir, tmp_path):
     """The whole loop (a promotion at step 1, so step 2's students train on the promoted baseline the
     pool received) gives the same metrics, PQ and promotions with 2 workers as in-process."""

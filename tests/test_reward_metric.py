@@ -20,6 +20,7 @@ def tiny(tiny_model_dir):
     return load_model(mcfg), load_tokenizer(mcfg)
 
 
+@pytest.mark.slow
 def test_gold_prob_is_the_sampled_frequency_of_the_gold_answer(tiny):
     """exp(log p(gold)) equals how often T=1 samples begin with exactly ``\\boxed{gold}`` (within
     4 binomial standard errors over 2000 samples), for problems of 0-3 carries."""

@@ -50,6 +50,7 @@ def test_lora_trains_and_saves_adapter(tiny_model_dir, rl_questions, tmp_path):
     assert (tmp_path / "lora" / "final" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_resume_after_kill_matches_uninterrupted(tiny_model_dir, rl_questions, tmp_path):
     steps, extra = 6, ["student.save_every=1"]
     run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "ref", steps=steps, extra=extra))
