@@ -86,7 +86,7 @@ def _benchmark_data_dir() -> Path | None:
 
 # Set before the test modules are imported: their skipif marks and the CLI subprocesses read it.
 BENCHMARK_DATA = _benchmark_data_dir()
-if BENCHMARK_DATA is not None and not os.environ.get("SOAR_DATA_DIR"):
+if BENCHMARK_DATA is not None and BENCHMARK_DATA != REPO.parent / "shared" / "data" and not os.environ.get("SOAR_DATA_DIR"):
     os.environ["SOAR_DATA_DIR"] = str(BENCHMARK_DATA)
 
 
