@@ -65,6 +65,13 @@ def script(name: str) -> str:
 from slurm_cluster import slurm_cluster  # noqa: E402,F401  (a real two-node SLURM for tests/test_slurm.py)
 
 
+# Subprocesses find this interpreter's console scripts and ``python`` first (the SLURM jobs' sbatch
+# script calls ``python`` and ``soar-train`` by name), also in a virtualenv run without activating it.
+_BIN = str(Path(sys.executable).parent)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
+
+
 def _benchmark_data_dir() -> Path | None:
     """The benchmark files' folder for this test session: ``$SOAR_DATA_DIR``; else ``<repo>/../shared/data``
     (``soar.data.shared_data_dir``'s default); else, for a clone made elsewhere (a fresh clone under
