@@ -81,11 +81,10 @@ def _benchmark_data_dir() -> Path | None:
     candidates = [REPO.parent / "shared" / "data"]
     try:
         url = subprocess.run(["git", "-C", str(REPO), "config", "--get", "remote.origin.url"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
+                             check=False, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         url = ""
-    if url.startswith("file://"):
-        url = url[len("file://"):]
+    url = url.removeprefix("file://")
     if url.startswith("/"):
         candidates.append(Path(url).resolve().parent / "shared" / "data")
     return next((c for c in candidates if (c / "NOTICE.md").is_file()), None)
@@ -93,7 +92,7 @@ def _benchmark_data_dir() -> Path | None:
 
 # Set before the test modules are imported: their skipif marks and the CLI subprocesses read it.
 BENCHMARK_DATA = _benchmark_data_dir()
-if BENCHMARK_DATA is not None and BENCHMARK_DATA != REPO.parent / "shared" / "data" and not os.environ.get("SOAR_DATA_DIR"):
+if BENCHMARK_DATA not in (None, REPO.parent / "shared" / "data") and not os.environ.get("SOAR_DATA_DIR"):
     os.environ["SOAR_DATA_DIR"] = str(BENCHMARK_DATA)
 
 
