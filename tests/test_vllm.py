@@ -160,6 +160,7 @@ def test_sync_check_passes_when_synced_and_catches_a_skipped_sync(setup):
     gen.sync_weights(model)
 
 
+@pytest.mark.slow
 def test_lockstep_students_share_one_generate_and_match_one_by_one(setup, monkeypatch):
     """resources.lockstep: four LoRA students' rollouts of each inner step are one engine call with
     four distinct adapters (and so are their Q_R evaluations); every student ends where it ends when
@@ -276,6 +277,7 @@ def test_filter_in_process_solves_easy_problems(setup, tmp_path):
     assert sum(r["passes"] for r in rows if r["id"].startswith("easy")) > 0  # the engine really solves sums
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (shared_data_dir() / "math500" / "test.jsonl").exists(),
                     reason="the shared benchmark data (../shared/data or $SOAR_DATA_DIR) is not on this machine")
 def test_filter_cli_on_math500_with_vllm(tiny_model_dir, tmp_path):
