@@ -65,7 +65,7 @@ def main() -> None:
     from soar.models import load_model, load_tokenizer
     from soar.run import package_versions
     from soar.worlds.arith import family_problems, world_config
-    from students.trainer import RLOOTrainer, batch_indices
+    from soar.students.trainer import RLOOTrainer, batch_indices
     from omegaconf import OmegaConf
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -69,7 +69,7 @@ def main() -> None:
     from soar.models import load_model, load_tokenizer
     from soar.run import package_versions
     from soar.worlds.arith import generate_problems, pretrain, world_config
-    from students.pool import InProcessStudents, StudentPool, StudentRunner, StudentTask
+    from soar.students.pool import InProcessStudents, StudentPool, StudentRunner, StudentTask
 
     cfg = soar.compose([f"experiment={args.experiment}"])
     wcfg = world_config(cfg)

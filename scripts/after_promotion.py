@@ -34,7 +34,7 @@ def main() -> None:
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
     from soar.seeding import derive_seed
-    from students.trainer import problem_scores, train_student
+    from soar.students.trainer import problem_scores, train_student
 
     run = Path(args.run_dir)
     cfg = OmegaConf.load(run / "config.yaml")

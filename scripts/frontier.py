@@ -41,7 +41,7 @@ def _init_worker(model_dir: str, overrides: list[str]) -> None:
 
 def _student(task):
     """(label, seed, problems, eval_sets, eval_samples) -> (label, seed, accuracy, correct vectors, seconds)."""
-    from students.trainer import gold_logprobs, train_student
+    from soar.students.trainer import gold_logprobs, train_student
 
     label, seed, problems, eval_sets, eval_samples = task
     w, t0 = _WORKER, time.perf_counter()
@@ -79,7 +79,7 @@ def icc(x_DR) -> float | None:
 def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) -> list[dict]:
     from soar.generation import HFGenerator, SamplingParams
     from soar.worlds.arith import carries_of, oracle_answer, parse_question, route_text
-    from teachers.parse import Pair, parse_pair
+    from soar.teachers.parse import Pair, parse_pair
 
     outs = HFGenerator(model, tok, batch_size=512).generate(
         [wcfg.teacher_prompt], SamplingParams(n=count, temperature=1.0, max_tokens=max_tokens, seed=seed))[0]
@@ -120,13 +120,13 @@ def main() -> None:
     args = ap.parse_args()
 
     import soar
-    from filters.failk import run_filter
+    from soar.filters.failk import run_filter
     from soar.data import load_problems
     from soar.generation import HFGenerator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer, set_threads
     from soar.worlds.arith import family_problems, pretrain, world_config, write_families
-    from students.trainer import correctness
+    from soar.students.trainer import correctness
 
     overrides = ["data=arith", "data.path=unused", "student=arith", "teacher=arith", *args.overrides]
     cfg = soar.compose(overrides + [f"filter.k={args.k}", "filter.max_tokens=24", "filter.problems_per_batch=4"])
@@ -231,7 +231,7 @@ def main() -> None:
     rng = np.random.default_rng(cfg.seed + 11)
     base_reward = base_train if not args.accuracy_samples else correctness(
         gen, grader, hard_train, cfg.data.prompt_template, max_tokens=24, samples=args.accuracy_samples, seed=cfg.seed + 13)
-    from students.trainer import gold_logprobs
+    from soar.students.trainer import gold_logprobs
 
     base_gold = np.asarray(gold_logprobs(model, tok, hard_train, cfg.data.prompt_template, cfg.inner.gold_completion))
     report["base_gold_prob_hard_train"] = float(np.exp(base_gold).mean())

@@ -23,14 +23,14 @@ def train(cfg) -> dict:
 
 def train_rl(cfg) -> dict:
     """Train one student with RLOO (the ``soar-rl`` stage); returns its summary."""
-    from students.trainer import run_rl
+    from soar.students.trainer import run_rl
 
     return run_rl(cfg)
 
 
 def fail_at_k(cfg) -> dict:
     """Run the fail@k filter (the ``soar-filter`` stage); returns its summary."""
-    from filters.failk import run_filter_stage
+    from soar.filters.failk import run_filter_stage
 
     return run_filter_stage(cfg)
 

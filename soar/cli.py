@@ -100,13 +100,13 @@ def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
 
 
 def rl_main() -> None:
-    from students.trainer import run_rl
+    from soar.students.trainer import run_rl
 
     _entry(run_rl)
 
 
 def filter_main() -> None:
-    from filters.failk import run_filter_stage
+    from soar.filters.failk import run_filter_stage
 
     _entry(run_filter_stage)
 

@@ -20,7 +20,7 @@ try:
 except ImportError:  # trainer and model modules import without Hydra/OmegaConf (e.g. a bare GPU image)
     MISSING = "???"
 
-from teachers.prompts import PAPER_TEACHER_PROMPT
+from soar.teachers.prompts import PAPER_TEACHER_PROMPT
 
 PAPER_STUDENT_TEMPLATE = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves "
@@ -172,7 +172,7 @@ class BackendConfig:
 @dataclass
 class PolicyConfig:
     """What an RLOO-trained policy needs: optimiser, schedule, KL and sampling. Students and the
-    teacher share it (and the trainer, ``students.trainer.RLOOTrainer``)."""
+    teacher share it (and the trainer, ``soar.students.trainer.RLOOTrainer``)."""
 
     max_steps: int = 10
     """Optimiser steps; the cosine schedule spans them (paper inner loop: 10, +5 per promotion)."""
@@ -492,7 +492,7 @@ RAY_RAM_GB = 0.64
 
 @dataclass
 class ResourcesConfig:
-    """Where the g*r students of an outer step train (``students.pool``)."""
+    """Where the g*r students of an outer step train (``soar.students.pool``)."""
 
     num_workers: int = 0
     """W: persistent Ray worker processes, each training one student at a time (0: every student
@@ -508,7 +508,7 @@ class ResourcesConfig:
     """Cores kept free for the driver's generation engine (teacher sampling, vLLM evaluation)
     while the workers train; counted against the machine's cores with the workers'."""
     lockstep: bool = False
-    """Shared-engine multi-LoRA students (``students.lockstep``): the step's g*r students train
+    """Shared-engine multi-LoRA students (``soar.students.lockstep``): the step's g*r students train
     together, one inner step at a time, and each inner step's rollouts of all of them (and their
     Q_R evaluations) are one generate call, on vLLM one ``LoRARequest`` per student. Needs
     ``student.lora.r`` > 0 and ``num_workers`` 0; batching needs ``backend.student=vllm`` with

@@ -121,7 +121,7 @@ def at_step(evals: list[dict], step: int) -> dict:
 def evaluate_solver(generator, grader, problems, template: str, student_cfg, ecfg, seed: int) -> dict:
     """Greedy accuracy and pass@k (``ecfg.samples`` samples at ``ecfg.temperature``) on ``problems``."""
     from soar.seeding import derive_seed
-    from students.trainer import correctness
+    from soar.students.trainer import correctness
 
     max_tokens, stop = student_cfg.eval_max_tokens or student_cfg.max_tokens, tuple(student_cfg.stop)
     frac = correctness(generator, grader, problems, template, max_tokens, stop, ecfg.samples,
@@ -134,7 +134,7 @@ def evaluate_solver(generator, grader, problems, template: str, student_cfg, ecf
 def batch_for_step(step: int, synthetic: list, hard: list, ecfg, per_step: int, seed: int) -> list:
     """The questions of one fresh-student step under ``eval.mixing`` (no synthetic: hard-train)."""
     from soar.seeding import derive_seed
-    from students.trainer import batch_indices
+    from soar.students.trainer import batch_indices
 
     def draw(pool, n, s, stream):
         return [pool[i] for i in batch_indices(len(pool), s, n, derive_seed(seed, stream))] if n else []
@@ -158,7 +158,7 @@ def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, met
 
     from soar.generation import make_generator
     from soar.seeding import derive_seed
-    from students.trainer import RLOOTrainer
+    from soar.students.trainer import RLOOTrainer
 
     ecfg = cfg.eval
     warmup = 0 if ecfg.mixing == "curriculum" and synthetic else ecfg.warmup_steps
@@ -258,7 +258,7 @@ def inference_model(cfg, run, tokenizer, grader, hard_train):
 
     from soar.generation import make_generator
     from soar.models import load_model
-    from students.trainer import correctness
+    from soar.students.trainer import correctness
 
     method, s = cfg.eval.method, cfg.student
     if method == "base":

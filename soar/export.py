@@ -86,7 +86,7 @@ def load_teacher(run: RunData, step: int | None):
 
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer, model_context
-    from teachers.update import TeacherPolicy
+    from soar.teachers.update import TeacherPolicy
 
     kind, path = run.teacher_checkpoint(step)
     if step is None:
@@ -108,10 +108,10 @@ def load_teacher(run: RunData, step: int | None):
 
 def sample_rows(run: RunData, teacher, step: int, count: int) -> tuple[list[dict], dict]:
     """``count`` fresh (question, answer) pairs from ``teacher`` (the run's teacher after ``step``)
-    through the loop's format filter (``teachers.sampling.sample_valid`` with ``TeacherPolicy.parse``)."""
+    through the loop's format filter (``soar.teachers.sampling.sample_valid`` with ``TeacherPolicy.parse``)."""
     from soar.generation import SamplingParams
     from soar.seeding import derive_seed
-    from teachers.sampling import sample_valid
+    from soar.teachers.sampling import sample_valid
 
     t = run.config.teacher
     params = SamplingParams(temperature=t.temperature, max_tokens=t.max_tokens, stop=tuple(t.stop))

@@ -135,7 +135,7 @@ class GradingStats:
                 self.gold_unparseable += grade.error == "gold_unparseable"
 
     def add(self, other: "GradingStats") -> None:
-        """Fold in counts graded elsewhere (a ``students.pool`` worker)."""
+        """Fold in counts graded elsewhere (a ``soar.students.pool`` worker)."""
         with _STATS_LOCK:
             for name in ("graded", "correct", "no_box", "partial", "gold_unparseable", "pred_unparseable"):
                 setattr(self, name, getattr(self, name) + getattr(other, name))

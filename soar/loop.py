@@ -43,8 +43,8 @@ class LoopError(RuntimeError):
 @contextmanager
 def phase(name: str, step: int, times: dict):
     """Time a phase; a non-finite loss or a rejection cap aborts naming the step and phase."""
-    from students.trainer import SyncError
-    from teachers.sampling import RejectionCapError
+    from soar.students.trainer import SyncError
+    from soar.teachers.sampling import RejectionCapError
 
     t0 = time.perf_counter()
     try:
@@ -67,9 +67,9 @@ class Loop:
         from soar.generation import make_generator
         from soar.grading import make_grader
         from soar.models import model_context
-        from students.promotion import PromotionPolicy
-        from teachers.rewards import make_teacher_reward
-        from teachers.update import TeacherPolicy
+        from soar.students.promotion import PromotionPolicy
+        from soar.teachers.rewards import make_teacher_reward
+        from soar.teachers.update import TeacherPolicy
 
         self.cfg, self.run, self.tokenizer, self.hard = cfg, run, tokenizer, hard
         self.template = cfg.data.prompt_template
@@ -98,8 +98,8 @@ class Loop:
 
     # ---- helpers ------------------------------------------------------------------------------
     def scores(self, problems, seed_label, metric: str) -> list[float]:
-        """The baseline's score per problem in ``metric`` (``students.trainer.problem_scores``)."""
-        from students.trainer import problem_scores
+        """The baseline's score per problem in ``metric`` (``soar.students.trainer.problem_scores``)."""
+        from soar.students.trainer import problem_scores
 
         return problem_scores(metric, self.baseline, self.tokenizer, self.eval_gen, self.grader, problems, self.template,
                               self.cfg.student, self.cfg.inner, derive_seed(self.cfg.seed, "baseline_eval", seed_label))
@@ -114,8 +114,8 @@ class Loop:
 
     # ---- one outer step -----------------------------------------------------------------------
     def step(self, t: int, bar=None) -> dict:
-        from teachers.rewards import as_problems
-        from teachers.update import dataset_advantages
+        from soar.teachers.rewards import as_problems
+        from soar.teachers.update import dataset_advantages
 
         cfg, st, times, m = self.cfg, self.state, {}, {"student/inner_steps": self.state.inner_steps}
         self.grader.reset_stats()
@@ -212,7 +212,7 @@ class Loop:
                              "questions": [{"question": p.question, "answer": p.answer} for p in d]})
         completions, best = [], None
         if results[0].students_KR:  # the median student of the best dataset
-            from students.promotion import median_replicate
+            from soar.students.promotion import median_replicate
 
             bi, bk = divmod(int(np.argmax(rewards_KR.mean(-1))), g)
             best = results[bi].students_KR[bk][median_replicate(rewards_KR[bi * g + bk])]

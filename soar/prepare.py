@@ -37,7 +37,7 @@ def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> Ha
     if cfg.loop.hard_set:
         train, test, source = given_hard_set(cfg, run_path)
     else:
-        from filters.failk import filter_to_hard_set
+        from soar.filters.failk import filter_to_hard_set
 
         folder = run_path / "hard_set"
         folder.mkdir(parents=True, exist_ok=True)
@@ -60,7 +60,7 @@ def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], li
     manifest (a ``manifest.jsonl`` or a folder with only one), whose 0-pass ids are taken from
     ``data``; or a JSONL of problems with or without a ``split`` column. Without given splits the
     ids are split like ``soar-filter`` does; that split is written to ``<run>/hard_set`` for the record."""
-    from filters.failk import split_hard
+    from soar.filters.failk import split_hard
 
     given = Path(cfg.loop.hard_set).expanduser()
     files = {s: given / f"hard_{s}.jsonl" for s in ("train", "test")}
@@ -107,7 +107,7 @@ def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], li
 
 def _read_manifest(path: Path) -> dict[str, dict] | None:
     """A fail@k manifest's rows by id (a cut last line is ignored), or None if ``path`` is not one."""
-    from filters.failk import read_manifest_rows
+    from soar.filters.failk import read_manifest_rows
 
     try:
         rows, _ = read_manifest_rows(path)

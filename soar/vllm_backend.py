@@ -201,7 +201,7 @@ class VLLMGenerator:
         self.version += 1
 
     def _as_adapter(self) -> bool:
-        from students.trainer import is_peft
+        from soar.students.trainer import is_peft
 
         return is_peft(self.model) and self.engine.llm.llm_engine.vllm_config.lora_config is not None
 
@@ -214,7 +214,7 @@ class VLLMGenerator:
         return self.uid, self.version
 
     def _ensure_loaded(self) -> None:
-        from students.trainer import export_policy, is_peft
+        from soar.students.trainer import export_policy, is_peft
 
         t0, holder = time.perf_counter(), self.holder()
         if self.engine.holder != holder:

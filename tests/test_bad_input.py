@@ -357,7 +357,7 @@ def hang_on_marker(content: str, gold: str):
         "answer check raises"])
 def test_adversarial_teacher_output(text, answer_ok, expected):
     from soar.grading import make_grader
-    from teachers.parse import Pair, Reject, parse_pair
+    from soar.teachers.parse import Pair, Reject, parse_pair
 
     check = make_grader(answer_ok).parseable if isinstance(answer_ok, str) else answer_ok
     result = parse_pair(text, answer_ok=check)

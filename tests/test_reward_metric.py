@@ -25,7 +25,7 @@ def test_gold_prob_is_the_sampled_frequency_of_the_gold_answer(tiny):
     4 binomial standard errors over 2000 samples), for problems of 0-3 carries."""
     from soar.generation import HFGenerator, SamplingParams
     from soar.worlds.arith import generate_problems
-    from students.trainer import gold_scores
+    from soar.students.trainer import gold_scores
 
     model, tok = tiny
     problems = [generate_problems(3, c, 1, seed=40 + c, prefix="g")[0] for c in range(4)]
@@ -44,7 +44,7 @@ def test_gold_prob_is_the_sampled_frequency_of_the_gold_answer(tiny):
 def test_gold_logprobs_do_not_depend_on_batching(tiny):
     """Right padding in a batch leaves every problem's log-probability unchanged."""
     from soar.worlds.arith import generate_problems
-    from students.trainer import gold_logprobs
+    from soar.students.trainer import gold_logprobs
 
     model, tok = tiny
     from dataclasses import replace
@@ -63,7 +63,7 @@ def test_loop_with_gold_logprob_rewards(tiny, tiny_model_dir, tmp_path):
     from soar.data import Problem
     from soar.loop import draw_reward_questions
     from soar.seeding import derive_seed
-    from students.trainer import gold_logprobs
+    from soar.students.trainer import gold_logprobs
 
     run_dir = tmp_path / "gold"
     run_cli(micro_args(tiny_model_dir, run_dir, "loop.steps=2", "inner.reward_metric=gold_logprob",

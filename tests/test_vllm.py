@@ -45,7 +45,7 @@ def setup(tiny_model_dir):
 
 def forced_logprobs(model, tok, prompts, samples):
     """HF log-probs of the given completions (teacher forcing), and the top-2 logit gap per position."""
-    from students.rloo import pack_sequences
+    from soar.students.rloo import pack_sequences
 
     prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
     ids, attn, mask = pack_sequences(prompt_ids, [s.token_ids for s in samples], tok.pad_token_id)
@@ -142,7 +142,7 @@ def test_sync_check_passes_when_synced_and_catches_a_skipped_sync(setup):
     import soar
     from soar.grading import make_grader
     from soar.worlds.arith import generate_problems
-    from students.trainer import RLOOTrainer, SyncError
+    from soar.students.trainer import RLOOTrainer, SyncError
 
     cfg, tok, model, gen = setup
     scfg = soar.compose(["experiment=arith_micro", "student.lr=1e-2", "student.kl_coef=0", "student.skip_zero_adv=false",
@@ -169,8 +169,8 @@ def test_lockstep_students_share_one_generate_and_match_one_by_one(setup, monkey
     import soar
     from soar.grading import make_grader
     from soar.worlds.arith import generate_problems
-    from students.lockstep import LockstepStudents
-    from students.pool import InProcessStudents, StudentRunner, StudentTask, make_students
+    from soar.students.lockstep import LockstepStudents
+    from soar.students.pool import InProcessStudents, StudentRunner, StudentTask, make_students
 
     cfg, tok, model, gen = setup
     over = vllm_overrides(cfg.model.path) + ["backend.student=vllm", "student.lora.r=8", "student.lora.alpha=16",

@@ -9,7 +9,7 @@ import pytest
 from conftest import run_cli, script
 from soar.worlds.arith import (ArithWorldConfig, carries_of, family_problems, loss_backward, lsb, make_problem,
                                pretrain, sample_pair, teacher_completion, world_hash)
-from teachers import Pair, format_pair, parse_pair
+from soar.teachers import Pair, format_pair, parse_pair
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from soar.data import Problem, render_prompt
-from teachers.prompts import format_pair
+from soar.teachers.prompts import format_pair
 
 log = logging.getLogger("soar.world")
 
@@ -235,7 +235,7 @@ def accuracy(model, tokenizer, problems: list[Problem], template: str, temperatu
     """Student accuracy on ``problems``: greedy (``temperature`` 0) or mean over sampled answers."""
     from soar.generation import HFGenerator
     from soar.grading import make_grader
-    from students.trainer import correctness
+    from soar.students.trainer import correctness
 
     return float(np.mean(correctness(HFGenerator(model, tokenizer, batch_size=1024), make_grader("integer"), problems,
                                      template, len(problems[0].answer) + 10, samples=0 if temperature == 0 else samples,

@@ -15,11 +15,11 @@ import torch
 
 from soar.data import render_prompt
 from soar.generation import SamplingParams, make_generator
-from students.rloo import rloo_advantages
-from students.trainer import RLOOTrainer
-from teachers.parse import Reject, parse_pair
-from teachers.prompts import TeacherFormat
-from teachers.sampling import Rollout, sample_valid
+from soar.students.rloo import rloo_advantages
+from soar.students.trainer import RLOOTrainer
+from soar.teachers.parse import Reject, parse_pair
+from soar.teachers.prompts import TeacherFormat
+from soar.teachers.sampling import Rollout, sample_valid
 
 
 def dataset_advantages(rewards_K) -> np.ndarray:

@@ -24,7 +24,7 @@ import torch
 from soar.data import render_prompt
 from soar.generation import HFGenerator, SamplingParams
 from soar.seeding import derive_seed
-from students.rloo import pack_completion_values, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
+from soar.students.rloo import pack_completion_values, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
 
 log = logging.getLogger("soar.students")
 
@@ -370,7 +370,7 @@ class StudentResult:
     """Per-step trainer metrics."""
     trainer: "RLOOTrainer"
     """The trained student (kept until the caller decides, e.g. promotion); with the Ray pool a
-    ``students.pool.RemoteStudent`` standing in for it (same ``sampler``/``export_model``/``save_pretrained``)."""
+    ``soar.students.pool.RemoteStudent`` standing in for it (same ``sampler``/``export_model``/``save_pretrained``)."""
     worker: dict | None = None
     """Where it ran: ``pid``, ``node_id``, ``worker`` (pool slot; None in-process), ``attempts``."""
 

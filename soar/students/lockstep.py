@@ -25,14 +25,14 @@ import numpy as np
 from soar.faults import maybe_die
 from soar.generation import generate_many, make_generator
 from soar.seeding import derive_seed
-from students.trainer import (GOLD_METRICS, RLOOTrainer, StudentResult, batch_indices, correctness_request,
+from soar.students.trainer import (GOLD_METRICS, RLOOTrainer, StudentResult, batch_indices, correctness_request,
                               gold_scores, grade_correctness)
 
 _BASELINES = itertools.count()
 
 
 class LockstepStudents:
-    """A student executor (see ``students.pool.make_students``) that batches generation across students."""
+    """A student executor (see ``soar.students.pool.make_students``) that batches generation across students."""
 
     def __init__(self, cfg, tokenizer, grader, template: str):
         self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template

@@ -87,7 +87,7 @@ class StudentRunner:
         self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
 
     def run(self, baseline, task: StudentTask, reward_questions):
-        from students.trainer import train_student
+        from soar.students.trainer import train_student
 
         cfg = self.cfg
         return train_student(baseline, self.tokenizer, self.grader, list(task.problems), task.student_config(cfg.student),
@@ -185,12 +185,12 @@ class RemoteStudent:
         return self.pool.call_kept(self.key, "generate", prompts, params)
 
     def export_model(self):
-        from students.trainer import export_policy
+        from soar.students.trainer import export_policy
 
         return export_policy(self.policy())
 
     def save_pretrained(self, out_dir) -> None:
-        from students.trainer import save_policy
+        from soar.students.trainer import save_policy
 
         save_policy(self.policy(), self.tokenizer, out_dir)
 
@@ -251,7 +251,7 @@ class StudentPool:
         """Train ``tasks`` on the pool; results (``StudentResult`` with a ``RemoteStudent``) in task order."""
         import ray
 
-        from students.trainer import StudentResult
+        from soar.students.trainer import StudentResult
 
         if baseline is not self.baseline:  # a promotion (or the first step): the only weight transfer
             self.baseline, self.baseline_ref = baseline, ray.put(baseline)
@@ -323,11 +323,11 @@ class StudentPool:
 
 def make_students(cfg, tokenizer, grader, template: str):
     """The run's student executor: ``StudentPool`` when ``resources.num_workers`` > 0, the lockstep
-    multi-LoRA students (``students.lockstep``) when ``resources.lockstep``, else in-process."""
+    multi-LoRA students (``soar.students.lockstep``) when ``resources.lockstep``, else in-process."""
     if cfg.resources.num_workers > 0:
         return StudentPool(cfg, tokenizer, grader)
     if cfg.resources.lockstep:
-        from students.lockstep import LockstepStudents
+        from soar.students.lockstep import LockstepStudents
 
         return LockstepStudents(cfg, tokenizer, grader, template)
     return InProcessStudents(StudentRunner(cfg, tokenizer, grader, template))

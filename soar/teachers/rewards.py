@@ -18,7 +18,7 @@ import numpy as np
 
 from soar.data import Problem
 from soar.seeding import derive_seed
-from students.trainer import StudentResult, correctness
+from soar.students.trainer import StudentResult, correctness
 
 
 def intrinsic_question_reward(s: float, kind: str) -> float:
@@ -48,17 +48,17 @@ def as_problems(rollouts, step: int, group: int, k: int) -> list[Problem]:
 
 
 class GroundedReward:
-    """r students per dataset, trained by ``students.pool`` (in-process, or a Ray worker pool)."""
+    """r students per dataset, trained by ``soar.students.pool`` (in-process, or a Ray worker pool)."""
 
     def __init__(self, cfg, tokenizer, grader, template: str):
-        from students.pool import make_students
+        from soar.students.pool import make_students
 
         self.cfg = cfg
         self.students = make_students(cfg, tokenizer, grader, template)
 
     def __call__(self, datasets_K: list[list[Problem]], baseline, reward_questions: list[Problem],
                  base_acc: float, step: int, group: int, inner_steps: int, progress=None) -> GroupRewards:
-        from students.pool import StudentTask
+        from soar.students.pool import StudentTask
 
         r = self.cfg.inner.replicates
         tasks = [StudentTask(step, group, k, j, tuple(dataset), inner_steps)
