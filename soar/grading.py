@@ -21,6 +21,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+from soar.config import GRADER_NAMES
+
 # The paper's shaped reward: the only place these numbers live.
 REWARD_CORRECT = 120.0  # boxed and correct
 REWARD_PARTIAL = 20.0  # boxed, wrong, but the gold answer appears inside the box
@@ -437,6 +439,7 @@ class MathVerifyGrader(Grader):
 
 
 GRADERS: dict[str, type] = {"integer": IntegerGrader, "math_verify": MathVerifyGrader}
+assert tuple(GRADERS) == GRADER_NAMES, "soar.config.GRADER_NAMES lists the built-in graders"
 
 
 def make_grader(name: str, **kwargs) -> Grader:

@@ -19,9 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from soar.data import DataError, Problem, render_prompt, write_jsonl
-from soar.generation import SamplingParams
+from soar.data import DataError, Problem, load_problems, render_prompt, write_jsonl
+from soar.generation import SamplingParams, make_generator
+from soar.grading import make_grader
+from soar.models import check_context, model_context, model_fingerprint
 from soar.seeding import derive_seed
+from soar.stage import setup_stage
 
 log = logging.getLogger("soar.filters")
 PROVENANCE_FIELDS = ("model", "template_sha", "sampling", "seed", "k", "grader")
@@ -189,10 +192,6 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
 
 def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress: bool = True) -> dict:
     """Check prompts fit the context, then fail@k with the configured backend and grader."""
-    from soar.generation import make_generator
-    from soar.grading import make_grader
-    from soar.models import check_context, model_context, model_fingerprint
-
     check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
                   cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
     return run_filter(problems, make_generator(cfg, "filter", model, tokenizer, pristine=True), make_grader(cfg.data.grader), cfg,
@@ -201,18 +200,11 @@ def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress:
 
 def run_filter_stage(cfg) -> dict:
     """The ``soar-filter`` stage: load model and questions, validate, run, write the hard set."""
-    from soar.config import validate
-    from soar.data import load_problems
-    from soar.models import load_model, load_tokenizer, set_threads
-    from soar.run import RunDir
-
-    validate(cfg, "filter")
-    set_threads(cfg.run.threads)
-    run = RunDir(cfg, "filter")
+    stage = setup_stage(cfg, "filter")
     try:
-        tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
-        summary = filter_to_hard_set(cfg, load_problems(cfg.data), model, tokenizer, run.path, cfg.run.progress)
+        summary = filter_to_hard_set(cfg, load_problems(cfg.data), stage.model, stage.tokenizer, stage.run.path,
+                                     cfg.run.progress)
         print(json.dumps({k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test")}))
         return summary
     finally:
-        run.close()
+        stage.close()
