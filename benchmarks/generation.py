@@ -42,8 +42,8 @@ def main() -> None:
     import torch
 
     import soar
-    from soar.filters.failk import run_filter
     from soar.data import load_problems, render_prompt
+    from soar.filters.failk import run_filter
     from soar.generation import SamplingParams, make_generator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer

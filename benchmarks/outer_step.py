@@ -93,8 +93,8 @@ def instrument(timers: StepTimers) -> None:
 
     import soar.loop
     import soar.run
-    import soar.vllm_backend  # imports vllm only when an engine starts
     import soar.students.trainer
+    import soar.vllm_backend  # imports vllm only when an engine starts
     from soar.diversity import DiversityMeter
     from soar.generation import HFGenerator
     from soar.grading import Grader, MathVerifyGrader

@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-VARIANTS = {"grounded": [], "base": ["teacher.frozen=true"], "base_fixed": ["teacher.frozen=true", "promotion.enabled=false"]}
+VARIANTS = {"grounded": [], "base": ["teacher.frozen=true"],
+            "base_fixed": ["teacher.frozen=true", "promotion.enabled=false"]}
 """Grounded-T; Base-T, the same loop with a frozen teacher (it promotes by the same rule, so its
 rewards are measured against students as strong as Grounded-T's); and Base-T against the base
 student throughout (no promotion)."""

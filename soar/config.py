@@ -803,7 +803,8 @@ def _validate_filter(cfg, stage: str) -> None:
         _fail("filter.mixed_group_sizes", f"every group size must be >= 1, got {list(f.mixed_group_sizes)}")
 
 
-_SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student, "teacher": _validate_teacher,
+_SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student,
+                   "teacher": _validate_teacher,
                    "inner": _validate_inner, "promotion": _validate_promotion, "loop": _validate_loop,
                    "resources": _validate_resources_section, "filter": _validate_filter}
 

@@ -11,7 +11,6 @@ import hashlib
 import itertools
 import json
 import logging
-import os
 import re
 import string
 import tempfile

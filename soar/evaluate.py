@@ -379,7 +379,8 @@ def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selec
             sets = {}
             for r in rows:
                 qpath = Path(r["dir"]) / "questions.jsonl"
-                qs = [json.loads(x)["question"] for x in qpath.read_text().splitlines() if x.strip()] if qpath.exists() else []
+                qs = ([json.loads(x)["question"] for x in qpath.read_text().splitlines() if x.strip()]
+                      if qpath.exists() else [])
                 if len(qs) >= 2:
                     sets[tuple(qs)] = qs
             scores = [bootstrap_vendi(embedder.encode(qs, show_progress_bar=False), 128, 100, seed=0)[0]

@@ -150,7 +150,8 @@ verified. Exported by `soar-export` from `{run.path}`.
 - run id `{run.run_id}`, config hash `{run.config_hash}`, seed {cfg.seed}
 - base model `{cfg.model.path}`; teacher reward `{cfg.teacher.reward}`, frozen: {cfg.teacher.frozen}
 - outer steps {len(run.metrics)}, promotions {len(run.promotions)} (tau {cfg.promotion.tau}, window {cfg.promotion.window})
-- g={cfg.teacher.datasets} datasets of n={cfg.teacher.questions_per_dataset}, r={cfg.inner.replicates} students, M={cfg.inner.reward_questions}
+- g={cfg.teacher.datasets} datasets of n={cfg.teacher.questions_per_dataset}, r={cfg.inner.replicates} students, \
+M={cfg.inner.reward_questions}
 {"".join(f"- **note:** {n}{chr(10)}" for n in notes)}
 ## Promotions
 

@@ -7,9 +7,9 @@ import logging
 import pytest
 
 import soar
-from soar.filters.failk import split_hard
 from soar.config import ConfigError, DataConfig, validate
 from soar.data import DataError, load_problems, shared_data_dir
+from soar.filters.failk import split_hard
 from soar.prepare import given_hard_set
 
 pytestmark = [pytest.mark.timeout(300),

@@ -103,3 +103,17 @@ def test_no_import_cycle():
 def test_the_walk_sees_deferred_imports():
     """The walk reads imports inside functions too (e.g. ``soar.cli`` defers its stages)."""
     assert {"soar.loop", "soar.students.trainer", "soar.estimate"} <= graph()["soar.cli"]
+
+
+def test_ruff_is_clean():
+    """``ruff check`` (``[tool.ruff]`` in pyproject.toml) passes on the whole repository."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[test]')")
+    res = subprocess.run([ruff, "check", str(ROOT)], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr

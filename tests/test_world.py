@@ -6,10 +6,21 @@ import json
 import numpy as np
 import pytest
 
-from conftest import run_cli, script
-from soar.worlds.arith import (ArithWorldConfig, carries_of, family_problems, loss_backward, lsb, make_problem,
-                               pretrain, sample_pair, teacher_completion, world_hash)
 from soar.teachers import Pair, format_pair, parse_pair
+from soar.worlds.arith import (
+    ArithWorldConfig,
+    carries_of,
+    family_problems,
+    loss_backward,
+    lsb,
+    make_problem,
+    pretrain,
+    sample_pair,
+    teacher_completion,
+    world_hash,
+)
+
+from conftest import run_cli, script
 
 pytestmark = pytest.mark.timeout(300)
 

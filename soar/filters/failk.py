@@ -171,7 +171,8 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
     splits = {"train": records(train_ids), "test": records(test_ids)}
     for name, recs in splits.items():
         write_jsonl(out_dir / f"hard_{name}.jsonl", recs)
-    features = datasets.Features({k: datasets.Value("string") for k in ("id", "question", "answer", "source", "meta", "provenance")})
+    features = datasets.Features({k: datasets.Value("string")
+                                  for k in ("id", "question", "answer", "source", "meta", "provenance")})
     # from_dict, not from_list: datasets 5.2 drops the features of an empty list (an empty split)
     datasets.DatasetDict({k: datasets.Dataset.from_dict({c: [r[c] for r in v] for c in features}, features=features)
                           for k, v in splits.items()}).save_to_disk(
@@ -181,8 +182,8 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
         "hard_train": len(train_ids), "hard_test": len(test_ids),
         "token_overflow_samples": sum(rows[p.id]["overflow"] for p in problems),
         "grading_errors": sum(rows[p.id].get("grading_errors", 0) for p in problems),
-        "mixed_prob_group_mixed": {str(g): float(np.mean([prob_group_mixed(p, g) for p in mixed_rates])) if mixed_rates else None
-                                   for g in f.mixed_group_sizes},
+        "mixed_prob_group_mixed": {str(g): float(np.mean([prob_group_mixed(p, g) for p in mixed_rates]))
+                                   if mixed_rates else None for g in f.mixed_group_sizes},
         "throughput_this_session": throughput, "provenance": provenance,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -194,8 +195,8 @@ def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress:
     """Check prompts fit the context, then fail@k with the configured backend and grader."""
     check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
                   cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
-    return run_filter(problems, make_generator(cfg, "filter", model, tokenizer, pristine=True), make_grader(cfg.data.grader), cfg,
-                      out_dir, {"model": model_fingerprint(cfg.model)}, progress=progress)
+    return run_filter(problems, make_generator(cfg, "filter", model, tokenizer, pristine=True),
+                      make_grader(cfg.data.grader), cfg, out_dir, {"model": model_fingerprint(cfg.model)}, progress=progress)
 
 
 def run_filter_stage(cfg) -> dict:

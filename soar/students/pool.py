@@ -95,10 +95,11 @@ class StudentRunner:
 
     def run(self, baseline, task: StudentTask, reward_questions):
         cfg = self.cfg
-        return trainer.train_student(baseline, self.tokenizer, self.grader, list(task.problems), task.student_config(cfg.student),
-                             self.template, derive_seed(cfg.seed, "student", *task.key), {"qr": reward_questions},
-                             cfg.inner.accuracy_samples, cfg.backend.batch_size, self.rollout_gen, self.eval_gen,
-                             cfg.inner.reward_metric, cfg.inner.gold_completion)
+        return trainer.train_student(baseline, self.tokenizer, self.grader, list(task.problems),
+                                     task.student_config(cfg.student), self.template,
+                                     derive_seed(cfg.seed, "student", *task.key), {"qr": reward_questions},
+                                     cfg.inner.accuracy_samples, cfg.backend.batch_size, self.rollout_gen, self.eval_gen,
+                                     cfg.inner.reward_metric, cfg.inner.gold_completion)
 
 
 class InProcessStudents:

@@ -43,7 +43,8 @@ class TeacherPolicy:
         pair = parse_pair(text, self.fmt, answer_ok=self.grader.parseable)
         if isinstance(pair, Reject):
             return pair
-        prompt_len = len(self.tokenizer(render_prompt(self.student_template, pair.question), add_special_tokens=False).input_ids)
+        prompt = render_prompt(self.student_template, pair.question)
+        prompt_len = len(self.tokenizer(prompt, add_special_tokens=False).input_ids)
         if prompt_len + self.cfg.student.max_tokens > self.student_context:
             return Reject("question_too_long")
         return pair

@@ -83,7 +83,8 @@ class ArithWorldConfig:
     question and its answer are copies: the teacher constructs a problem from its answer, by an operation
     the student's format never uses. Experiments for teacher
     answers learned at every carry count (``teacher_answer_max_carries: null``); measured in the README,
-    "The embedded world". Adds ``digits + 8`` tokens each: raise ``teacher.max_tokens`` (112 for 12 digits, 132 for ``both``)."""
+    "The embedded world". Adds ``digits + 8`` tokens each: raise ``teacher.max_tokens`` (112 for 12 digits,
+    132 for ``both``)."""
     hard_carries: list[int] = field(default_factory=lambda: [12])
     """Carry counts of the hard-set candidates (H), filtered with fail@k."""
     stepping_carries: list[int] = field(default_factory=lambda: [7, 8])
@@ -220,8 +221,8 @@ def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int
 
 
 # Fields that do not change the pretrained model: left out of its cache key.
-MODEL_INDEPENDENT = ("name", "out_dir", "threads", "snapshot_steps", "hard_carries", "stepping_carries", "control_carries", "pool_size",
-                     "family_size")
+MODEL_INDEPENDENT = ("name", "out_dir", "threads", "snapshot_steps", "hard_carries", "stepping_carries", "control_carries",
+                     "pool_size", "family_size")
 
 RECIPE = 2
 """Version of the pretraining procedure, part of the cache key: bump it when a code change alters
@@ -374,8 +375,8 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
                  "seconds": time.perf_counter() - t0, "parameters": sum(p.numel() for p in model.parameters())},
                 indent=2, default=str))
         if step % wcfg.eval_every == 0:
-            accs = {c: accuracy(model, tok, probs, wcfg.student_template, wcfg.stop_temperature, wcfg.stop_samples, seed=step)
-                    for c, probs in eval_sets.items()}
+            accs = {c: accuracy(model, tok, probs, wcfg.student_template, wcfg.stop_temperature, wcfg.stop_samples,
+                                seed=step) for c, probs in eval_sets.items()}
             history.append({"step": step, "loss": loss, **{f"acc_c{c}": a for c, a in accs.items()}})
             bar.set_postfix(loss=f"{loss:.3f}", **{f"c{c}": f"{a:.2f}" for c, a in accs.items()})
             if stop_acc and all(accs[c] >= thr for c, thr in stop_acc.items()):
@@ -390,14 +391,16 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    info = {"seed": seed, "config": asdict(wcfg), "steps": stopped_at or wcfg.max_steps, "stopped_at_frontier": stopped_at is not None,
+    info = {"seed": seed, "config": asdict(wcfg), "steps": stopped_at or wcfg.max_steps,
+            "stopped_at_frontier": stopped_at is not None,
             "seconds": time.perf_counter() - t0, "parameters": sum(p.numel() for p in model.parameters()),
             "history": history, "accuracy_by_carries": profile}
     (tmp / "train_info.json").write_text(json.dumps(info, indent=2, default=str))
     (tmp / "README.md").write_text(
         f"# soar arithmetic world model\n\nCharacter-level Llama ({info['parameters']} parameters) pretrained by "
         f"`soar-world pretrain` on {wcfg.digits}-digit least-significant-first addition with carry mix "
-        f"{wcfg.pretrain_carry_weights}, seed {seed}, {info['steps']} steps.\n\nAccuracy by carry count (greedy and sampled at T=1): "
+        f"{wcfg.pretrain_carry_weights}, seed {seed}, {info['steps']} steps.\n\n"
+        "Accuracy by carry count (greedy and sampled at T=1): "
         f"{json.dumps(profile)}\n\nStudent prompt: `{wcfg.student_template}`; answer in `\\boxed{{}}`. Teacher "
         f"prompt: `{wcfg.teacher_prompt.strip()}`.\n")
     if out.exists():
