@@ -28,6 +28,9 @@ from pathlib import Path
 
 from soar.config import ConfigError, conf_dir, register_configs
 
+# Each command imports its stage when it runs (and the error classes only on an error): a command
+# loads only what it needs, and usage errors answer without importing torch.
+
 
 def rewrite_shortcuts(args: list[str]) -> list[str]:
     """Turn ``model=PATH`` / ``data=PATH`` into field overrides unless PATH names a config."""

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 from soar.config import ConfigError, _fail
 from soar.data import Problem, load_problems, write_jsonl
+from soar.diversity import bootstrap_vendi, load_embedder
 from soar.grading import make_grader
 from soar.run import MetricsLogger
 from soar.rundata import RunDataError, check_eligible, read_json, read_run
@@ -360,8 +361,6 @@ def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selec
     """Mean ± SD over seeds per label and metric (the paper's Tables 4-6), plus the Vendi score of
     each label's final question sets the paper's way (bootstrap to 128 questions, 100 times; mean ±
     SD over distinct sets). ``which``: ``selected`` (slope rule), ``fixed`` or ``final``."""
-    from soar.diversity import bootstrap_vendi, load_embedder
-
     by_label: dict[str, list[dict]] = {}
     for d in eval_dirs:
         summary = read_json(Path(d) / "eval.json")

@@ -24,6 +24,7 @@ import numpy as np
 
 from soar.config import ConfigError
 from soar.data import Problem, render_prompt, write_jsonl
+from soar.grading import make_grader
 from soar.seeding import derive_seed
 from soar.teachers.prompts import format_pair
 from soar.worlds.base import World, register_world
@@ -257,7 +258,6 @@ def accuracy(model, tokenizer, problems: list[Problem], template: str, temperatu
              samples: int = 1, seed: int = 0) -> float:
     """Student accuracy on ``problems``: greedy (``temperature`` 0) or mean over sampled answers."""
     from soar.generation import HFGenerator, correctness
-    from soar.grading import make_grader
 
     return float(np.mean(correctness(HFGenerator(model, tokenizer, batch_size=1024), make_grader("integer"), problems,
                                      template, len(problems[0].answer) + 10, samples=0 if temperature == 0 else samples,
