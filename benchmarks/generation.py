@@ -5,7 +5,7 @@
 
 Workloads, each timed for both backends on the same prompts:
 - ``filter``: fail@k-shaped, ``--problems`` hard-set candidates x ``--k`` samples through
-  ``filters.failk.run_filter`` (generation + grading + manifest): problems/s, samples/s;
+  ``soar.filters.failk.run_filter`` (generation + grading + manifest): problems/s, samples/s;
 - ``generate_failk``: the same sampling alone: sequences/s, tokens/s;
 - ``teacher``: the teacher prompt x ``--teacher-samples`` completions (stop at ``</answer>``);
 - ``lora``: ``generate_failk`` with a rank-8 LoRA adapter (vllm: ``LoRARequest``; hf: peft);
@@ -42,8 +42,8 @@ def main() -> None:
     import torch
 
     import soar
-    from filters.failk import run_filter
     from soar.data import load_problems, render_prompt
+    from soar.filters.failk import run_filter
     from soar.generation import SamplingParams, make_generator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer

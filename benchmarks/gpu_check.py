@@ -60,7 +60,7 @@ def new_model(args):
 def inner_step(args, lora_r: int) -> dict:
     """``RLOOTrainer.update`` on random rollouts: the student's forward/backward + optimiser step."""
     from soar.config import LoraConfig, StudentConfig
-    from students.trainer import RLOOTrainer
+    from soar.students.trainer import RLOOTrainer
 
     reset_peak(args.device)
     cfg = StudentConfig(questions_per_step=args.questions, group_size=args.group, lr=1e-5 if lora_r == 0 else 1e-4,

@@ -59,18 +59,20 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/memory.json")
     args = ap.parse_args()
 
+    from omegaconf import OmegaConf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     import soar
     from soar.generation import SamplingParams, make_generator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
     from soar.run import package_versions
+    from soar.students.trainer import RLOOTrainer, batch_indices
     from soar.worlds.arith import family_problems, world_config
-    from students.trainer import RLOOTrainer, batch_indices
-    from omegaconf import OmegaConf
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = soar.compose(["experiment=arith", f"model.path={args.model}", "backend.student=vllm", "backend.vllm.enable_lora=true",
-                        "backend.vllm.kv_cache_gb=1", "backend.vllm.dtype=float32", "student.questions_per_step=8"])
+    cfg = soar.compose(["experiment=arith", f"model.path={args.model}", "backend.student=vllm",
+                        "backend.vllm.enable_lora=true", "backend.vllm.kv_cache_gb=1", "backend.vllm.dtype=float32",
+                        "student.questions_per_step=8"])
     model, tok = load_model(cfg.model), load_tokenizer(cfg.model)
     with torch.device("meta"):
         llama3b = LlamaForCausalLM(LlamaConfig(**LLAMA_3B))

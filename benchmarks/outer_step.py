@@ -93,19 +93,19 @@ def instrument(timers: StepTimers) -> None:
 
     import soar.loop
     import soar.run
+    import soar.students.trainer
     import soar.vllm_backend  # imports vllm only when an engine starts
-    import students.trainer
     from soar.diversity import DiversityMeter
     from soar.generation import HFGenerator
     from soar.grading import Grader, MathVerifyGrader
-    from teachers.rewards import GroundedReward, IntrinsicReward
-    from teachers.update import TeacherPolicy
+    from soar.teachers.rewards import GroundedReward, IntrinsicReward
+    from soar.teachers.update import TeacherPolicy
 
     # Work: the same function counts as the phase of whoever calls it.
     timers.wrap(HFGenerator, "generate", kind="generation")
     timers.wrap(soar.vllm_backend.VLLMGenerator, "generate", kind="generation")
     timers.wrap(soar.vllm_backend, "generate_together", kind="generation")
-    timers.wrap(students.trainer.RLOOTrainer, "accumulate_gradients", kind="forward_backward")
+    timers.wrap(soar.students.trainer.RLOOTrainer, "accumulate_gradients", kind="forward_backward")
     # Before any AdamW exists: its first instance hooks the class's step, and each scheduler wraps it.
     timers.wrap(torch.optim.AdamW, "step", kind="optimizer")
     timers.wrap(Grader, "grade_batch", kind="grading")
@@ -116,8 +116,8 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(TeacherPolicy, "sample", phase="teacher_sampling")
     timers.wrap(DiversityMeter, "__call__", phase="diversity")
     timers.wrap(GroundedReward, "__call__", phase="student_training")  # incl. a Ray pool's students
-    timers.wrap(students.trainer, "train_student", phase="student_training")
-    timers.wrap(students.trainer.RLOOTrainer, "evaluate", phase="student_evaluation")  # trained students on Q_R
+    timers.wrap(soar.students.trainer, "train_student", phase="student_training")
+    timers.wrap(soar.students.trainer.RLOOTrainer, "evaluate", phase="student_evaluation")  # trained students on Q_R
     timers.wrap(soar.loop.Loop, "correctness", phase="student_evaluation")  # the baseline on hard-train/test
     timers.wrap(IntrinsicReward, "__call__", phase="student_evaluation")  # the base student on teacher questions
     timers.wrap(soar.loop.Loop, "promote", phase="promotion")

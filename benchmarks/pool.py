@@ -68,8 +68,8 @@ def main() -> None:
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
     from soar.run import package_versions
+    from soar.students.pool import InProcessStudents, StudentPool, StudentRunner, StudentTask
     from soar.worlds.arith import generate_problems, pretrain, world_config
-    from students.pool import InProcessStudents, StudentPool, StudentRunner, StudentTask
 
     cfg = soar.compose([f"experiment={args.experiment}"])
     wcfg = world_config(cfg)

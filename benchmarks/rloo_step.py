@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-
 PARTS = ("sample", "sync", "grade", "train", "forward_backward", "optimizer")
 """Trainer timings (``time/*_s``): sample includes sync; train is forward_backward + optimizer + packing."""
 
@@ -40,12 +39,13 @@ def main() -> None:
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
     from soar.run import package_versions
+    from soar.students.trainer import RLOOTrainer, batch_indices
     from soar.worlds.arith import family_problems, world_config
-    from students.trainer import RLOOTrainer, batch_indices
 
     torch.set_num_threads(args.threads)
     results = {}
-    for name, extra in (("full", ["student.lora.r=0", "student.lr=1e-4"]), ("lora_r8", ["student.lora.r=8", "student.lr=1e-3"])):
+    for name, extra in (("full", ["student.lora.r=0", "student.lr=1e-4"]),
+                        ("lora_r8", ["student.lora.r=8", "student.lr=1e-3"])):
         cfg = soar.compose(["experiment=arith", f"student.questions_per_step={args.questions}",
                             f"student.group_size={args.group}", f"model.path={args.model}",
                             f"backend.student={args.backend}", "backend.vllm.enable_lora=true", "backend.vllm.kv_cache_gb=1",

@@ -29,17 +29,17 @@ def main() -> None:
 
     from omegaconf import OmegaConf
 
-    from soar.config import load_callable
     from soar.data import Problem
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
     from soar.seeding import derive_seed
-    from students.trainer import problem_scores, train_student
+    from soar.students.trainer import problem_scores, train_student
+    from soar.worlds.base import resolve_hook
 
     run = Path(args.run_dir)
     cfg = OmegaConf.load(run / "config.yaml")
     promotion = json.loads((run / "promotions.jsonl").read_text().splitlines()[0])
-    oracle = load_callable(cfg.loop.answer_oracle, "loop.answer_oracle")
+    oracle = resolve_hook(cfg, "loop.answer_oracle")  # "world" (newer runs) or a dotted path
     mcfg = OmegaConf.merge(cfg.model, {"path": str(run / promotion["path"])})
     promoted, tok, grader = load_model(mcfg), load_tokenizer(mcfg), make_grader(cfg.data.grader)
     hard = [Problem(r["id"], r["question"], r["answer"]) for r in

@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-VARIANTS = {"grounded": [], "base": ["teacher.frozen=true"], "base_fixed": ["teacher.frozen=true", "promotion.enabled=false"]}
+VARIANTS = {"grounded": [], "base": ["teacher.frozen=true"],
+            "base_fixed": ["teacher.frozen=true", "promotion.enabled=false"]}
 """Grounded-T; Base-T, the same loop with a frozen teacher (it promotes by the same rule, so its
 rewards are measured against students as strong as Grounded-T's); and Base-T against the base
 student throughout (no promotion)."""
@@ -104,7 +105,8 @@ def summarise(run_dir: Path, stepping: list[int]) -> dict:
             "rewards_after_promotion": [rewards[a:b] for a, b in zip(bounds, bounds[1:])],
             "teacher_updates_skipped": int(sum(r.get("teacher/skipped_zero_adv", 0) for r in rows)),
             "teacher": teacher_trajectory(run_dir, stepping),
-            "seconds_per_step": float(np.mean([r["time/step_s"] for r in rows])) if rows else None}
+            "seconds_per_step": float(np.mean([r.get("time/phases_s", r.get("time/step_s")) for r in rows]))
+            if rows else None}
 
 
 def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:

@@ -41,7 +41,7 @@ def _init_worker(model_dir: str, overrides: list[str]) -> None:
 
 def _student(task):
     """(label, seed, problems, eval_sets, eval_samples) -> (label, seed, accuracy, correct vectors, seconds)."""
-    from students.trainer import gold_logprobs, train_student
+    from soar.students.trainer import gold_logprobs, train_student
 
     label, seed, problems, eval_sets, eval_samples = task
     w, t0 = _WORKER, time.perf_counter()
@@ -78,20 +78,22 @@ def icc(x_DR) -> float | None:
 
 def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) -> list[dict]:
     from soar.generation import HFGenerator, SamplingParams
+    from soar.teachers.parse import Pair, parse_pair
     from soar.worlds.arith import carries_of, oracle_answer, parse_question, route_text
-    from teachers.parse import Pair, parse_pair
 
     outs = HFGenerator(model, tok, batch_size=512).generate(
         [wcfg.teacher_prompt], SamplingParams(n=count, temperature=1.0, max_tokens=max_tokens, seed=seed))[0]
     rows, d = [], wcfg.digits
     for s in outs:
         parsed = parse_pair(s.text, answer_ok=lambda a: re.fullmatch(r"-?\d+", a) is not None)
-        row = {"text": s.text, "valid": isinstance(parsed, Pair), "reason": None if isinstance(parsed, Pair) else parsed.reason}
+        row = {"text": s.text, "valid": isinstance(parsed, Pair),
+               "reason": None if isinstance(parsed, Pair) else parsed.reason}
         if isinstance(parsed, Pair):
             row.update(question=parsed.question, answer=parsed.answer)
             q = parse_question(parsed.question)
             if q is not None and q[2] == d:
-                row.update(well_formed=True, carries=carries_of(*q), answer_correct=parsed.answer == oracle_answer(parsed.question))
+                row.update(well_formed=True, carries=carries_of(*q),
+                           answer_correct=parsed.answer == oracle_answer(parsed.question))
                 if wcfg.teacher_carries != "none":  # is what it wrote outside the tags that of its question?
                     row["carries_right"] = route_text(*q, wcfg.teacher_carries) + "<" in s.text
             else:
@@ -120,13 +122,13 @@ def main() -> None:
     args = ap.parse_args()
 
     import soar
-    from filters.failk import run_filter
     from soar.data import load_problems
+    from soar.filters.failk import run_filter
     from soar.generation import HFGenerator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer, set_threads
+    from soar.students.trainer import correctness
     from soar.worlds.arith import family_problems, pretrain, world_config, write_families
-    from students.trainer import correctness
 
     overrides = ["data=arith", "data.path=unused", "student=arith", "teacher=arith", *args.overrides]
     cfg = soar.compose(overrides + [f"filter.k={args.k}", "filter.max_tokens=24", "filter.problems_per_batch=4"])
@@ -158,7 +160,8 @@ def main() -> None:
     paths = write_families(wcfg, wcfg.seed, out / "problems")
     pool = load_problems(cfg.data, str(paths["pool"]))
     summary = run_filter(pool, gen, grader, cfg, out, {"model": str(model_dir)})
-    report["fail_at_k"] = {k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test", "throughput_this_session")}
+    report["fail_at_k"] = {k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test",
+                                                   "throughput_this_session")}
     print("fail@k:", report["fail_at_k"], flush=True)
     hard_train = load_problems(cfg.data, str(out / "hard_train.jsonl"))
     hard_test = load_problems(cfg.data, str(out / "hard_test.jsonl"))
@@ -166,13 +169,15 @@ def main() -> None:
     control = load_problems(cfg.data, str(paths["control"]))
     hard_ids = {p.id for p in hard_train + hard_test}
     hard_q = {p.question for p in hard_train + hard_test}
-    report["disjoint"] = not ({p.id for p in stepping + control} & hard_ids) and not ({p.question for p in stepping + control} & hard_q)
+    report["disjoint"] = not ({p.id for p in stepping + control} & hard_ids) and \
+        not ({p.question for p in stepping + control} & hard_q)
     base_train, base_test = greedy(hard_train), greedy(hard_test)
     report["base_hard_acc"] = {"train": float(np.mean(base_train)), "test": float(np.mean(base_test))}
 
     # 3. teacher behaviour of the base model
     # Enough teacher samples for --datasets x --n valid pairs even at a 50 % valid rate.
-    samples = teacher_samples(model, tok, wcfg, max(1024, 2 * args.datasets * args.n), cfg.seed + 7, max_tokens=cfg.teacher.max_tokens)
+    samples = teacher_samples(model, tok, wcfg, max(1024, 2 * args.datasets * args.n), cfg.seed + 7,
+                              max_tokens=cfg.teacher.max_tokens)
     valid = [s for s in samples if s["valid"]]
     wf = [s for s in valid if s.get("well_formed")]
     s_like = [s for s in wf if s["carries"] in wcfg.stepping_carries]
@@ -191,7 +196,8 @@ def main() -> None:
         "answer_correct_frac_of_valid": float(np.mean([s["answer_correct"] for s in valid])) if valid else 0.0,
         "s_like_frac_of_valid": len(s_like) / max(len(valid), 1),
         "carries_hist": {str(c): sum(1 for s in wf if s["carries"] == c) for c in range(wcfg.digits + 1)},
-        "carries_right_frac_of_well_formed": float(np.mean([s["carries_right"] for s in wf])) if wcfg.teacher_carries != "none" and wf else None,
+        "carries_right_frac_of_well_formed": (float(np.mean([s["carries_right"] for s in wf]))
+                                              if wcfg.teacher_carries != "none" and wf else None),
         "reject_reasons": reasons}
     print("base teacher:", report["base_teacher"], flush=True)
 
@@ -209,9 +215,11 @@ def main() -> None:
         chunk = pairs[i * args.n:(i + 1) * args.n]
         probs = [Problem(f"t{i}/{j}", s["question"], s["answer"], "teacher") for j, s in enumerate(chunk)]
         s_frac = float(np.mean([s.get("carries") in wcfg.stepping_carries for s in chunk]))
-        datasets.append({"s_frac": s_frac, "s_correct_frac": float(np.mean([s.get("carries") in wcfg.stepping_carries and s["answer_correct"] for s in chunk])),
+        s_correct = [s.get("carries") in wcfg.stepping_carries and s["answer_correct"] for s in chunk]
+        datasets.append({"s_frac": s_frac, "s_correct_frac": float(np.mean(s_correct)),
                          "answer_correct_frac": float(np.mean([s["answer_correct"] for s in chunk]))})
-        datasets[-1].update(carries_mean=float(np.mean([s["carries"] for s in chunk if s.get("carries") is not None] or [0])),
+        datasets[-1].update(carries_mean=float(np.mean([s["carries"] for s in chunk if s.get("carries") is not None]
+                                                       or [0])),
                             correct_carries_mean=float(np.mean([s["carries"] for s in chunk if s["answer_correct"]] or [0])))
         tasks += [(f"D{i}", 2000 + 100 * j + i, probs, {"hard_train": hard_train}, args.accuracy_samples)
                   for j in range(args.replicates)]
@@ -226,12 +234,13 @@ def main() -> None:
                                                         for r in results if r[0] == fam])
                                         for split in ("hard_train", "hard_test")} for fam in families}
     (out / "frontier.json").write_text(json.dumps(report, indent=2, default=str))  # partial results survive a kill
-    print("inner-loop gains:", {f: {s: (v["mean"], v["se"]) for s, v in d.items()} for f, d in report["inner_loop_gains"].items()}, flush=True)
+    print("inner-loop gains:", {f: {s: (v["mean"], v["se"]) for s, v in d.items()}
+                                for f, d in report["inner_loop_gains"].items()}, flush=True)
 
     rng = np.random.default_rng(cfg.seed + 11)
     base_reward = base_train if not args.accuracy_samples else correctness(
         gen, grader, hard_train, cfg.data.prompt_template, max_tokens=24, samples=args.accuracy_samples, seed=cfg.seed + 13)
-    from students.trainer import gold_logprobs
+    from soar.students.trainer import gold_logprobs
 
     base_gold = np.asarray(gold_logprobs(model, tok, hard_train, cfg.data.prompt_template, cfg.inner.gold_completion))
     report["base_gold_prob_hard_train"] = float(np.exp(base_gold).mean())

@@ -36,7 +36,7 @@ if [ "${SOAR_EDITABLE:-1}" = 1 ]; then pip_install -e ".[${target},test]"; else 
 if [ "$target" = cpu ]; then "$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true; fi
 # 4. smoke test: the imports every stage needs.
 "$PY" - <<'PY'
-import soar, students, filters, transformers, peft, datasets, hydra, math_verify, torch
+import soar, soar.students, soar.filters, transformers, peft, datasets, hydra, math_verify, torch
 from soar.config import conf_dir
 assert (conf_dir() / "config.yaml").is_file(), conf_dir()
 print(f"soar {soar.__version__} ready: torch {torch.__version__}, transformers {transformers.__version__}, conf {conf_dir()}")

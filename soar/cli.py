@@ -11,6 +11,11 @@
 
 ``model=PATH`` and ``data=PATH`` are shorthands for ``model.path=PATH`` and
 ``data=custom data.path=PATH`` when PATH is not the name of a config in ``conf/``.
+
+``soar-train`` and ``soar-estimate`` compose ``conf/train.yaml`` (the root ``config.yaml`` with
+``experiment=arith`` as its default); the other commands compose ``conf/config.yaml``. Each command
+turns its own arguments (positional ones, shorthands) into Hydra overrides, and ``_entry`` hands
+them to Hydra, the one place ``sys.argv`` is set.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ import warnings
 from pathlib import Path
 
 from soar.config import ConfigError, conf_dir, register_configs
+
+# Each command imports its stage when it runs (and the error classes only on an error): a command
+# loads only what it needs, and usage errors answer without importing torch.
 
 
 def rewrite_shortcuts(args: list[str]) -> list[str]:
@@ -36,8 +44,9 @@ def rewrite_shortcuts(args: list[str]) -> list[str]:
     return out
 
 
-def _entry(stage_fn) -> None:
-    """Run ``stage_fn`` under Hydra. A user or environment error (bad config, data, run dir, a full
+def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config") -> None:
+    """Run ``stage_fn`` under Hydra on ``args`` (default: the command line) composed onto
+    ``conf/<config_name>.yaml``. A user or environment error (bad config, data, run dir, a full
     disk) prints one line, ``soar: ...``, and exits 2; a traceback is printed only for bugs, or for
     every error with ``--verbose`` or ``HYDRA_FULL_ERROR=1``."""
     import hydra
@@ -47,11 +56,11 @@ def _entry(stage_fn) -> None:
     register_configs()
     # conf/hydra/launcher/submitit_slurm.yaml lists every field of the plugin's schema of that name
     warnings.filterwarnings("ignore", message="(?s).*is validated against ConfigStore schema", category=UserWarning)
-    args = sys.argv[1:]
+    args = sys.argv[1:] if args is None else args
     verbose = "--verbose" in args or os.environ.get("HYDRA_FULL_ERROR") == "1"
-    sys.argv = [sys.argv[0], *rewrite_shortcuts([a for a in args if a != "--verbose"])]
+    sys.argv = [sys.argv[0], *rewrite_shortcuts([a for a in args if a != "--verbose"])]  # hydra.main reads argv
 
-    @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="config")
+    @hydra.main(version_base=None, config_path=str(conf_dir()), config_name=config_name)
     def _run(cfg) -> None:
         try:
             stage_fn(cfg)
@@ -100,30 +109,23 @@ def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
 
 
 def rl_main() -> None:
-    from students.trainer import run_rl
+    from soar.students.trainer import run_rl
 
     _entry(run_rl)
 
 
 def filter_main() -> None:
-    from filters.failk import run_filter_stage
+    from soar.filters.failk import run_filter_stage
 
     _entry(run_filter_stage)
 
 
-def with_default_experiment(args: list[str]) -> list[str]:
-    """``args`` with ``experiment=arith`` (the embedded world) first unless they choose an experiment."""
-    if any(a.split("=")[0].lstrip("+~") == "experiment" for a in args):
-        return args
-    return ["experiment=arith", *args]
-
-
 def train_main() -> None:
-    """``soar-train``: without ``experiment=...`` it runs the embedded world (``experiment=arith``)."""
+    """``soar-train``: without ``experiment=...`` it runs the embedded world (``conf/train.yaml``'s
+    default, ``experiment=arith``)."""
     from soar.loop import run_train
 
-    sys.argv = [sys.argv[0], *with_default_experiment(sys.argv[1:])]
-    _entry(run_train)
+    _entry(run_train, config_name="train")
 
 
 def estimate_main() -> None:
@@ -142,18 +144,18 @@ def estimate_main() -> None:
             steps = int(value)
         else:
             args.append(arg)
-    sys.argv = [sys.argv[0], *with_default_experiment(args)]
-    _entry(lambda cfg: run_estimate(cfg, steps))
+    _entry(lambda cfg: run_estimate(cfg, steps), args, config_name="train")
 
 
 def world_main() -> None:
-    from soar.worlds.arith import run_world
+    """``soar-world pretrain|problems [overrides...]``: the configured world's command (``world=<name>``)."""
+    from soar.worlds.base import get_world
 
     if len(sys.argv) < 2 or sys.argv[1] not in ("pretrain", "problems"):
         print("usage: soar-world pretrain|problems [overrides...]", file=sys.stderr)
         sys.exit(2)
-    command = sys.argv.pop(1)
-    _entry(lambda cfg: run_world(cfg, command))
+    command = sys.argv[1]
+    _entry(lambda cfg: get_world(cfg.world.name).run(cfg, command), sys.argv[2:])
 
 
 def export_main() -> None:
@@ -164,8 +166,7 @@ def export_main() -> None:
         print("usage: soar-export RUN_DIR [export.samples=128 export.teacher_step=N pq.allow_ineligible=true ...]",
               file=sys.stderr)
         sys.exit(2)
-    sys.argv[1] = f"export.run_dir={sys.argv[1]}"
-    _entry(run_export)
+    _entry(run_export, [f"export.run_dir={sys.argv[1]}", *sys.argv[2:]])
 
 
 def eval_main() -> None:

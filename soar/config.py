@@ -1,8 +1,11 @@
 """Structured configuration for every soar stage.
 
 Hydra composes these dataclasses with the YAML groups under ``conf/`` (``model``, ``data``,
-``backend``, ``student``, ``filter``, ``experiment``). Each field's docstring is its documentation;
-paper defaults come from Table 3 (``shared/docs/soar-paper.md`` §8).
+``backend``, ``student``, ``filter``, ``teacher``, ``world``, ``experiment``) onto ``conf/config.yaml``
+(``conf/train.yaml`` for ``soar-train`` / ``soar-estimate``: the same with ``experiment=arith``). Each
+field's docstring is its documentation; paper defaults come from Table 3 (``shared/docs/soar-paper.md``
+§8). This is the bottom layer (``soar/__init__.py``): it imports no other module of the package; worlds
+register their config classes here (``register_world_config``).
 
     soar-rl model.path=out/world data=custom data.path=train.jsonl student.max_steps=20
     python -c "import soar; print(soar.compose(['student.lr=1e-4']).student.lr)"
@@ -20,7 +23,21 @@ try:
 except ImportError:  # trainer and model modules import without Hydra/OmegaConf (e.g. a bare GPU image)
     MISSING = "???"
 
-from teachers.prompts import PAPER_TEACHER_PROMPT
+PAPER_TEACHER_PROMPT = (
+    "You are generating a new math problem for a math assistant.\n"
+    "Allowed topics: Algebra, Counting and Probability, Geometry, Intermediate Algebra, Number Theory, "
+    "Prealgebra, or Precalculus.\n"
+    "Output rules (follow EXACTLY):\n"
+    "- Provide the final formatted problem in this structure: <question>[full math question]<question>"
+    "<answer>\\boxed{[answer]}</answer>\n"
+    "- Any explanations, steps, or reasoning about the problem goes OUTSIDE the <question> and <answer> tags.\n"
+    "Constraints:\n"
+    "- The problem must be original, challenging, and require at least 2--3 steps of reasoning.\n"
+    "- Output exactly ONE problem. You MUST follow the specified format EXACTLY.\n"
+    "Begin now:\n"
+)
+"""The paper's teacher prompt (§2), verbatim, including its ``<question>`` closing-tag typo in the
+instructions (``soar.teachers.parse`` accepts both closers)."""
 
 PAPER_STUDENT_TEMPLATE = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves "
@@ -61,8 +78,9 @@ class ModelConfig:
     trust_remote_code: bool = False
     """Passed to ``from_pretrained``; keep False unless the model needs custom code."""
     build: Optional[str] = None
-    """``module:function(cfg) -> path`` that builds (or finds cached) the model when ``path`` is
-    null, e.g. the embedded world's pretraining."""
+    """What builds (or finds cached) the model when ``path`` is null: ``world``, the configured
+    world's ``build_model`` (``soar.worlds.base.World``; the embedded world's shipped or pretrained
+    model), or a ``module:function(cfg) -> path``."""
 
 
 @dataclass
@@ -112,8 +130,8 @@ class DataConfig:
     eval_path: Optional[str] = None
     """Optional held-out questions (same format as ``path``) evaluated greedily by ``soar-rl``."""
     build: Optional[str] = None
-    """``module:function(cfg, out_dir) -> path`` that writes the question pool when ``path`` is
-    null (``soar-train`` calls it inside the run dir), e.g. the embedded world's generator."""
+    """What writes the question pool when ``path`` is null (``soar-train`` calls it inside the run
+    dir): ``world``, the configured world's ``build_pool``, or a ``module:function(cfg, out_dir) -> path``."""
 
 
 BACKEND_ROLES = ("filter", "teacher", "student", "eval")
@@ -172,10 +190,11 @@ class BackendConfig:
 @dataclass
 class PolicyConfig:
     """What an RLOO-trained policy needs: optimiser, schedule, KL and sampling. Students and the
-    teacher share it (and the trainer, ``students.trainer.RLOOTrainer``)."""
+    teacher share it (and the trainer, ``soar.students.trainer.RLOOTrainer``)."""
 
     max_steps: int = 10
-    """Optimiser steps; the cosine schedule spans them (paper inner loop: 10, +5 per promotion)."""
+    """Optimiser steps; the cosine schedule spans them (paper inner loop: 10, then
+    ``inner.steps_per_promotion`` more per promotion, paper +5)."""
     lr: float = 1e-5
     """Peak AdamW learning rate (paper: 1e-5, full fine-tuning)."""
     warmup_steps: int = 0
@@ -339,8 +358,9 @@ class LoopConfig:
     """Sentence-transformers model for ``diversity/*``: the offline all-MiniLM-L6-v2 package, a
     local path or a hub id; None skips diversity."""
     answer_oracle: Optional[str] = None
-    """``module:function`` mapping a question to its true answer (or None); logs
-    ``teacher/answer_correct_frac`` in worlds with an exact oracle."""
+    """``world`` (the configured world's ``answer_oracle``) or a ``module:function`` mapping a question
+    to its true answer (or None); logs ``teacher/answer_correct_frac`` in worlds with an exact oracle.
+    Measurement only, never a reward."""
 
 
 @dataclass
@@ -492,7 +512,7 @@ RAY_RAM_GB = 0.64
 
 @dataclass
 class ResourcesConfig:
-    """Where the g*r students of an outer step train (``students.pool``)."""
+    """Where the g*r students of an outer step train (``soar.students.pool``)."""
 
     num_workers: int = 0
     """W: persistent Ray worker processes, each training one student at a time (0: every student
@@ -508,7 +528,7 @@ class ResourcesConfig:
     """Cores kept free for the driver's generation engine (teacher sampling, vLLM evaluation)
     while the workers train; counted against the machine's cores with the workers'."""
     lockstep: bool = False
-    """Shared-engine multi-LoRA students (``students.lockstep``): the step's g*r students train
+    """Shared-engine multi-LoRA students (``soar.students.lockstep``): the step's g*r students train
     together, one inner step at a time, and each inner step's rollouts of all of them (and their
     Q_R evaluations) are one generate call, on vLLM one ``LoRARequest`` per student. Needs
     ``student.lora.r`` > 0 and ``num_workers`` 0; batching needs ``backend.student=vllm`` with
@@ -538,7 +558,9 @@ class SoarConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     world: Any = None
-    """Embedded-world settings (``conf/world``); None outside the embedded world."""
+    """The world's settings (``world=<name>``: ``conf/world/<name>.yaml``, typed by the config class
+    the world registers; ``soar.worlds.base``); its ``name`` selects the ``World`` behind the ``world``
+    hooks. None: no world."""
 
 
 def conf_dir() -> Path:
@@ -549,28 +571,54 @@ def conf_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "conf"  # checkout or editable install
 
 
+WORLD_CONFIGS: dict[str, type] = {}
+"""World config classes by world name, filled by ``register_world_config`` when a world module is
+imported; Hydra knows each as the schema ``<name>_schema`` of the ``world`` group, so
+``conf/world/<name>.yaml`` (chosen by ``world=<name>``) is typed and documented by its class."""
+
+
+def register_world_config(name: str, config_class: type) -> None:
+    """Called by a world module (``soar.worlds.base.register_world``) to make ``world=<name>`` typed."""
+    WORLD_CONFIGS[name] = config_class
+
+
+def discover_worlds() -> None:
+    """Import every world module in ``soar/worlds/`` (each registers itself), so a new world is one
+    new file there. The import is by name, like a plugin's: config is the bottom layer and never
+    imports a world module statically (``tests/test_imports.py`` checks the static order)."""
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.iter_modules([str(Path(__file__).resolve().parent / "worlds")]):
+        if module.name != "base" and not module.ispkg:
+            importlib.import_module(f"soar.worlds.{module.name}")
+
+
 _registered = False
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (idempotent)."""
+    """Register the schema (and every world's) with Hydra's ConfigStore (idempotent)."""
     global _registered
     if _registered:
         return
     from hydra.core.config_store import ConfigStore
-
-    from soar.worlds.arith import ArithWorldConfig
-
-    cs = ConfigStore.instance()
-    cs.store(name="soar_schema", node=SoarConfig)
-    cs.store(group="world", name="arith_schema", node=ArithWorldConfig)
     from omegaconf import OmegaConf
 
-    from soar.data import shared_data_dir
-
+    discover_worlds()
+    cs = ConfigStore.instance()
+    cs.store(name="soar_schema", node=SoarConfig)
+    for name, config_class in WORLD_CONFIGS.items():
+        cs.store(group="world", name=f"{name}_schema", node=config_class)
     if not OmegaConf.has_resolver("soar_data_dir"):  # the benchmark files' folder (data.path)
         OmegaConf.register_new_resolver("soar_data_dir", lambda: str(shared_data_dir()))
     _registered = True
+
+
+def shared_data_dir() -> Path:
+    """The benchmark files' folder, read in place: ``$SOAR_DATA_DIR``, else ``<repo>/../shared/data``.
+    The benchmark data configs name it as ``${soar_data_dir:}``."""
+    return Path(os.environ.get("SOAR_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "config"):
@@ -655,14 +703,17 @@ def _validate_inputs(cfg, stage: str) -> None:
         _fail("data.limit", "must be >= 1 or null")
 
 
-def _validate_grader(cfg, stage: str) -> None:
-    from soar.grading import GRADERS
+GRADER_NAMES = ("integer", "math_verify")
+"""The built-in graders (``soar.grading.GRADERS`` maps each to its class)."""
 
+
+def _validate_grader(cfg, stage: str) -> None:
     name = cfg.data.grader
-    if name in GRADERS:
+    if name in GRADER_NAMES:
         return
     if ":" not in name and "." not in name:
-        _fail("data.grader", f"unknown grader {name!r}: one of {', '.join(GRADERS)}, or a dotted path pkg.module:Class")
+        _fail("data.grader", f"unknown grader {name!r}: one of {', '.join(GRADER_NAMES)}, or a dotted path "
+                             "pkg.module:Class")
     load_callable(name, "data.grader")
 
 
@@ -752,7 +803,8 @@ def _validate_filter(cfg, stage: str) -> None:
         _fail("filter.mixed_group_sizes", f"every group size must be >= 1, got {list(f.mixed_group_sizes)}")
 
 
-_SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student, "teacher": _validate_teacher,
+_SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student,
+                   "teacher": _validate_teacher,
                    "inner": _validate_inner, "promotion": _validate_promotion, "loop": _validate_loop,
                    "resources": _validate_resources_section, "filter": _validate_filter}
 

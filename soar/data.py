@@ -11,7 +11,6 @@ import hashlib
 import itertools
 import json
 import logging
-import os
 import re
 import string
 import tempfile
@@ -20,6 +19,8 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from soar.config import DataConfig, shared_data_dir  # noqa: F401  (shared_data_dir: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,6 @@ def render_prompt(template: str, question: str) -> str:
 
 class DataError(ValueError):
     """Bad input; the message names the file, row and field."""
-
-
-def shared_data_dir() -> Path:
-    """The benchmark files' folder, read in place: ``$SOAR_DATA_DIR``, else ``<repo>/../shared/data``.
-    The benchmark data configs name it as ``${soar_data_dir:}``."""
-    return Path(os.environ.get("SOAR_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def _builder(name: str) -> str:
@@ -272,8 +267,6 @@ def load_problem_records(data_cfg, path: str | Path) -> list[Problem]:
     """Read a file in soar's own record schema (``id``, ``question``, ``answer``; optional ``source``
     and ``meta``, a dict or its JSON, as in ``hard_train.jsonl``) whatever ``data_cfg``'s column
     mapping; ``data_cfg.on_bad_row`` applies. Other columns (e.g. ``split``) land in ``meta``."""
-    from soar.config import DataConfig
-
     schema = DataConfig(name=Path(path).stem, path=str(path), on_bad_row=data_cfg.on_bad_row)
     out = []
     for p in load_problems(schema, str(path)):

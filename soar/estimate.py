@@ -34,6 +34,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from omegaconf import open_dict
+
+from soar.config import ConfigError
+from soar.loop import Loop
+from soar.prepare import setup_train
+from soar.run import MetricsLogger
+from soar.stage import setup_stage
 
 OTHER_PHASE = "other"
 """The part of a step's wall time that the loop's own ``time/*`` phases do not cover."""
@@ -52,34 +59,20 @@ def knobs(cfg) -> dict:
 
 
 def calibrate(cfg, steps: int = 1, run_dir: str | Path | None = None) -> dict:
-    """Run ``steps`` outer steps (the setup of ``soar.loop.run_train``, timed piece by piece) in
-    ``run_dir`` (default: a temporary dir, removed); returns timings and per-step metrics."""
-    from omegaconf import open_dict
-
-    from soar.config import ConfigError, validate
-    from soar.loop import Loop
-    from soar.models import load_model, load_tokenizer, set_threads
-    from soar.prepare import hard_set, resolve_model_path
-    from soar.run import MetricsLogger, RunDir
-
+    """Run ``steps`` outer steps in ``run_dir`` (default: a temporary dir, removed), set up exactly as
+    ``soar.loop.run_train`` does (``setup_stage`` + ``setup_train``, context checks included) and timed
+    piece by piece; returns timings and per-step metrics."""
     if not 1 <= steps <= cfg.loop.steps:
         raise ConfigError(f"config error: calibration steps: {steps} is not in [1, loop.steps={cfg.loop.steps}]")
     cfg = copy.deepcopy(cfg)
-    validate(cfg, "train")
-    set_threads(cfg.run.threads)
     with tempfile.TemporaryDirectory(prefix="soar_estimate_") as tmp:
         with open_dict(cfg):  # a fresh, private run: never resume a real one or log to wandb
             cfg.run.dir, cfg.run.resume, cfg.run.loggers = str(run_dir or tmp), "never", ["jsonl"]
-        t0 = time.perf_counter()
-        resolve_model_path(cfg)  # may pretrain the world model once (it is cached afterwards)
-        run = RunDir(cfg, "train")
+        stage = setup_stage(cfg, "train")
         try:
-            tokenizer, base = load_tokenizer(cfg.model), load_model(cfg.model)
-            setup_s, t0 = time.perf_counter() - t0, time.perf_counter()
-            hard = hard_set(cfg, run.path, base, tokenizer, cfg.run.progress)
-            hard_set_s = time.perf_counter() - t0
-            loop = Loop(cfg, run, tokenizer, base, hard)
-            metrics_log = MetricsLogger(run)
+            hard = setup_train(cfg, stage)
+            loop = Loop(cfg, stage.run, stage.tokenizer, stage.model, hard)
+            metrics_log = MetricsLogger(stage.run)
             rows = []
             for t in range(steps):
                 t0 = time.perf_counter()
@@ -90,19 +83,24 @@ def calibrate(cfg, steps: int = 1, run_dir: str | Path | None = None) -> dict:
             loop.reward_fn.close()
             metrics_log.close()
         finally:
-            run.close()
-    return {"steps": steps, "setup_s": setup_s, "hard_set_s": hard_set_s, "hard_set_built": not cfg.loop.hard_set,
+            stage.close()
+    return {"steps": steps, "setup_s": stage.seconds["setup_s"], "hard_set_s": stage.seconds["hard_set_s"],
+            "hard_set_built": not cfg.loop.hard_set,
             "hard_set": hard.source,  # a built one is gone with the temporary run dir
             "hard_train": len(hard.train), "hard_test": len(hard.test), "K": rows[0]["student/inner_steps"],
             "rows": [{k: v for k, v in r.items() if k.startswith(("time/", "compute/"))
                       or k in ("promotion/promoted", "teacher/skipped_zero_adv")} for r in rows]}
 
 
+TOTAL_KEYS = ("time/step_s", "time/phases_s", "time/step_wall_s", "time/wall_s")
+"""``time/*`` keys that are totals, not phases (``time/step_s``: older runs' name of ``time/phases_s``)."""
+
+
 def step_phases(row: dict) -> dict[str, float]:
     """One step's seconds by phase: the loop's ``time/<phase>_s`` and the rest of its wall time."""
     phases = {k[len("time/"):-2]: v for k, v in row.items()
-              if k.startswith("time/") and k.endswith("_s") and k not in ("time/step_s", "time/wall_s")}
-    phases[OTHER_PHASE] = max(row["time/wall_s"] - row["time/step_s"], 0.0)
+              if k.startswith("time/") and k.endswith("_s") and k not in TOTAL_KEYS}
+    phases[OTHER_PHASE] = max(row["time/wall_s"] - row.get("time/phases_s", row.get("time/step_s", 0.0)), 0.0)
     return phases
 
 

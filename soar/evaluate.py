@@ -24,8 +24,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
+from soar.config import ConfigError, _fail
+from soar.data import Problem, load_problems, write_jsonl
+from soar.diversity import bootstrap_vendi, load_embedder
+from soar.grading import make_grader
+from soar.run import MetricsLogger
 from soar.rundata import RunDataError, check_eligible, read_json, read_run
+from soar.seeding import derive_seed
+from soar.worlds.base import hook_world
+
+# Modules that import torch (generation, models, the trainer, export, the stage setup) are imported
+# inside the functions that train or sample: soar-report imports this module for ``aggregate``.
 
 log = logging.getLogger("soar.evaluate")
 TRAINING_METHODS = ("hard_only", "pq", "questions", "oracle")
@@ -120,8 +131,7 @@ def at_step(evals: list[dict], step: int) -> dict:
 # ---- evaluating one solver ----------------------------------------------------------------------
 def evaluate_solver(generator, grader, problems, template: str, student_cfg, ecfg, seed: int) -> dict:
     """Greedy accuracy and pass@k (``ecfg.samples`` samples at ``ecfg.temperature``) on ``problems``."""
-    from soar.seeding import derive_seed
-    from students.trainer import correctness
+    from soar.students.trainer import correctness
 
     max_tokens, stop = student_cfg.eval_max_tokens or student_cfg.max_tokens, tuple(student_cfg.stop)
     frac = correctness(generator, grader, problems, template, max_tokens, stop, ecfg.samples,
@@ -133,8 +143,7 @@ def evaluate_solver(generator, grader, problems, template: str, student_cfg, ecf
 
 def batch_for_step(step: int, synthetic: list, hard: list, ecfg, per_step: int, seed: int) -> list:
     """The questions of one fresh-student step under ``eval.mixing`` (no synthetic: hard-train)."""
-    from soar.seeding import derive_seed
-    from students.trainer import batch_indices
+    from soar.students.trainer import batch_indices
 
     def draw(pool, n, s, stream):
         return [pool[i] for i in batch_indices(len(pool), s, n, derive_seed(seed, stream))] if n else []
@@ -154,11 +163,8 @@ def batch_for_step(step: int, synthetic: list, hard: list, ecfg, per_step: int, 
 def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, metrics_log) -> dict:
     """RLOO from a fresh copy of ``base`` (the paper's fresh-student protocol), evaluating on
     ``test`` at step 0, every ``eval.eval_every`` steps and at the end."""
-    from omegaconf import OmegaConf
-
     from soar.generation import make_generator
-    from soar.seeding import derive_seed
-    from students.trainer import RLOOTrainer
+    from soar.students.trainer import RLOOTrainer
 
     ecfg = cfg.eval
     warmup = 0 if ecfg.mixing == "curriculum" and synthetic else ecfg.warmup_steps
@@ -195,13 +201,9 @@ def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, met
 
 # ---- the stage ----------------------------------------------------------------------------------
 def load_hard_split(cfg, run) -> tuple[list, list, str]:
-    from soar.data import load_problems
-
     folder = cfg.eval.hard_set or cfg.loop.hard_set or (run.config.loop.hard_set if run else None) or \
         (str(run.path / "hard_set") if run else None)
     if not folder:
-        from soar.config import ConfigError
-
         raise ConfigError("config error: eval.hard_set: give a hard set folder (or eval.run_dir / loop.hard_set)")
     splits = []
     for split in ("train", "test"):
@@ -223,28 +225,19 @@ def synthetic_questions(cfg, run) -> tuple[list, dict]:
         eligible = check_eligible(run, cfg.pq, "evaluate")
         if not run.pq:
             return [], {"eligible": eligible, "pq_size": 0}
-        from soar.data import Problem
-
         return [Problem(r["id"], r["question"], r["answer"], "pq", {"promotion": r.get("promotion")}) for r in run.pq], \
             {"eligible": eligible, "pq_size": len(run.pq), "promotions": len(run.promotions)}
     if method == "questions":
         if not ecfg.questions:
-            from soar.config import ConfigError
-
             raise ConfigError("config error: eval.questions: method=questions needs a dataset path")
         return load_questions(ecfg.questions, cfg.data), {"questions": str(ecfg.questions)}
     if method == "oracle":
         rng = np.random.default_rng(cfg.seed)
         if ecfg.oracle_path:
             pool = load_questions(ecfg.oracle_path, cfg.data, "oracle")
-        elif cfg.world is not None and "soar.worlds" in str(cfg.data.build or ""):
-            from soar.worlds.arith import family_problems, world_config
-
-            wcfg = world_config(cfg)
-            pool = family_problems(wcfg, wcfg.stepping_carries, ecfg.oracle_size, wcfg.seed, "oracle")  # one set
+        elif hook_world(cfg, "data.build") is not None:
+            pool = hook_world(cfg, "data.build").family(cfg, "stepping", ecfg.oracle_size, "oracle")  # one set
         else:
-            from soar.config import ConfigError
-
             raise ConfigError("config error: eval.oracle_path: method=oracle needs real training questions")
         pick = rng.choice(len(pool), size=min(ecfg.oracle_size, len(pool)), replace=False)
         return [pool[i] for i in sorted(pick)], {"oracle_source": ecfg.oracle_path or "world stepping-stone family"}
@@ -254,11 +247,9 @@ def synthetic_questions(cfg, run) -> tuple[list, dict]:
 def inference_model(cfg, run, tokenizer, grader, hard_train):
     """(generator, description) of an inference-only row: the best promoted student by greedy
     hard-train accuracy (PS), a teacher checkpoint, or the base model."""
-    from omegaconf import OmegaConf
-
     from soar.generation import make_generator
     from soar.models import load_model
-    from students.trainer import correctness
+    from soar.students.trainer import correctness
 
     method, s = cfg.eval.method, cfg.student
     if method == "base":
@@ -287,32 +278,27 @@ def inference_model(cfg, run, tokenizer, grader, hard_train):
 
 def run_eval(cfg) -> dict:
     """The ``soar-eval`` stage; writes ``eval.json`` in the run dir and returns it."""
-    from soar.config import ConfigError, validate
-    from soar.data import write_jsonl
-    from soar.grading import make_grader
-    from soar.models import load_model, load_tokenizer, set_threads
-    from soar.prepare import resolve_model_path
-    from soar.run import MetricsLogger, RunDir
-    from soar.seeding import derive_seed
-
-    from omegaconf import OmegaConf
+    from soar.models import load_model
+    from soar.stage import setup_stage
 
     ecfg = cfg.eval
     validate_eval(cfg)
-    validate(cfg, "eval")
-    set_threads(cfg.run.threads)
-    resolve_model_path(cfg)
-    run = read_run(ecfg.run_dir) if ecfg.run_dir else None
-    if run is None and ecfg.method in ("pq", "ps", "teacher"):
-        raise ConfigError(f"config error: eval.run_dir: method={ecfg.method} needs a soar-train run directory")
-    hard_train, hard_test, hard_source = load_hard_split(cfg, run)
-    target = Path(cfg.run.dir or Path("runs") / cfg.run.name).expanduser().resolve()
-    if any((target / f).exists() for f in ("pq.jsonl", "checkpoints", "steps")):
-        raise ConfigError(f"config error: run.dir: {target} holds a soar-train run; give the evaluation its own "
-                          "run.name / run.dir")
-    rd = RunDir(cfg, "eval")
+    found = {}
+
+    def checks() -> None:  # before the run dir is written
+        found["run"] = run = read_run(ecfg.run_dir) if ecfg.run_dir else None
+        if run is None and ecfg.method in ("pq", "ps", "teacher"):
+            raise ConfigError(f"config error: eval.run_dir: method={ecfg.method} needs a soar-train run directory")
+        found["hard"] = load_hard_split(cfg, run)
+        target = Path(cfg.run.dir or Path("runs") / cfg.run.name).expanduser().resolve()
+        if any((target / f).exists() for f in ("pq.jsonl", "checkpoints", "steps")):
+            raise ConfigError(f"config error: run.dir: {target} holds a soar-train run; give the evaluation its own "
+                              "run.name / run.dir")
+
+    stage = setup_stage(cfg, "eval", load_base=False, checks=checks)
+    run, (hard_train, hard_test, hard_source), rd = found["run"], found["hard"], stage.run
     try:
-        tokenizer, grader = load_tokenizer(cfg.model), make_grader(cfg.data.grader)
+        tokenizer, grader = stage.tokenizer, make_grader(cfg.data.grader)
         summary = {"method": ecfg.method, "label": ecfg.label or ecfg.method, "seed": cfg.seed,
                    "run_dir": str(run.path) if run else None, "run_id": run.run_id if run else None,
                    "hard_set": hard_source, "hard_train_size": len(hard_train), "hard_test_size": len(hard_test),
@@ -348,12 +334,10 @@ def run_eval(cfg) -> dict:
         print(json.dumps({"method": summary["label"], "run_dir": str(rd.path), **shown}))
         return summary
     finally:
-        rd.close()
+        stage.close()
 
 
 def validate_eval(cfg) -> None:
-    from soar.config import _fail
-
     e = cfg.eval
     if e.method not in TRAINING_METHODS + INFERENCE_METHODS:
         _fail("eval.method", f"must be one of {', '.join(TRAINING_METHODS + INFERENCE_METHODS)}, got {e.method!r}")
@@ -377,8 +361,6 @@ def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selec
     """Mean ± SD over seeds per label and metric (the paper's Tables 4-6), plus the Vendi score of
     each label's final question sets the paper's way (bootstrap to 128 questions, 100 times; mean ±
     SD over distinct sets). ``which``: ``selected`` (slope rule), ``fixed`` or ``final``."""
-    from soar.diversity import bootstrap_vendi, load_embedder
-
     by_label: dict[str, list[dict]] = {}
     for d in eval_dirs:
         summary = read_json(Path(d) / "eval.json")
@@ -396,7 +378,8 @@ def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selec
             sets = {}
             for r in rows:
                 qpath = Path(r["dir"]) / "questions.jsonl"
-                qs = [json.loads(x)["question"] for x in qpath.read_text().splitlines() if x.strip()] if qpath.exists() else []
+                qs = ([json.loads(x)["question"] for x in qpath.read_text().splitlines() if x.strip()]
+                      if qpath.exists() else [])
                 if len(qs) >= 2:
                     sets[tuple(qs)] = qs
             scores = [bootstrap_vendi(embedder.encode(qs, show_progress_bar=False), 128, 100, seed=0)[0]

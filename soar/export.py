@@ -21,7 +21,15 @@ import logging
 import shutil
 from pathlib import Path
 
+from soar.config import ConfigError, DataConfig
+from soar.data import load_problems
+from soar.generation import SamplingParams
+from soar.grading import make_grader
+from soar.models import load_model, load_tokenizer, model_context
 from soar.rundata import RunData, RunDataError, check_eligible, read_json, read_run
+from soar.seeding import derive_seed
+from soar.teachers.sampling import sample_valid
+from soar.teachers.update import TeacherPolicy
 
 log = logging.getLogger("soar.export")
 
@@ -84,10 +92,6 @@ def load_teacher(run: RunData, step: int | None):
     import torch
     from omegaconf import OmegaConf
 
-    from soar.grading import make_grader
-    from soar.models import load_model, load_tokenizer, model_context
-    from teachers.update import TeacherPolicy
-
     kind, path = run.teacher_checkpoint(step)
     if step is None:
         step = int(path.parent.name.split("_")[1]) if kind == "state" else int(path.name.split("_")[1])
@@ -108,11 +112,7 @@ def load_teacher(run: RunData, step: int | None):
 
 def sample_rows(run: RunData, teacher, step: int, count: int) -> tuple[list[dict], dict]:
     """``count`` fresh (question, answer) pairs from ``teacher`` (the run's teacher after ``step``)
-    through the loop's format filter (``teachers.sampling.sample_valid`` with ``TeacherPolicy.parse``)."""
-    from soar.generation import SamplingParams
-    from soar.seeding import derive_seed
-    from teachers.sampling import sample_valid
-
+    through the loop's format filter (``soar.teachers.sampling.sample_valid`` with ``TeacherPolicy.parse``)."""
     t = run.config.teacher
     params = SamplingParams(temperature=t.temperature, max_tokens=t.max_tokens, stop=tuple(t.stop))
     rollouts, metrics = sample_valid(teacher.trainer.sampler(), t.prompt, count, params, teacher.parse,
@@ -150,7 +150,8 @@ verified. Exported by `soar-export` from `{run.path}`.
 - run id `{run.run_id}`, config hash `{run.config_hash}`, seed {cfg.seed}
 - base model `{cfg.model.path}`; teacher reward `{cfg.teacher.reward}`, frozen: {cfg.teacher.frozen}
 - outer steps {len(run.metrics)}, promotions {len(run.promotions)} (tau {cfg.promotion.tau}, window {cfg.promotion.window})
-- g={cfg.teacher.datasets} datasets of n={cfg.teacher.questions_per_dataset}, r={cfg.inner.replicates} students, M={cfg.inner.reward_questions}
+- g={cfg.teacher.datasets} datasets of n={cfg.teacher.questions_per_dataset}, r={cfg.inner.replicates} students, \
+M={cfg.inner.reward_questions}
 {"".join(f"- **note:** {n}{chr(10)}" for n in notes)}
 ## Promotions
 
@@ -216,8 +217,6 @@ def export_models(run: RunData, teacher, teacher_step: int, out: Path) -> list[s
 
 def run_export(cfg) -> dict:
     """The ``soar-export`` stage; returns (and writes) ``export.json``."""
-    from soar.config import ConfigError
-
     e = cfg.export
     if not e.run_dir:
         raise ConfigError("config error: export.run_dir: give the run directory (soar-export RUN_DIR)")
@@ -258,9 +257,6 @@ def load_questions(path: str | Path, data_cfg=None, name: str | None = None):
     """Problems from a ``soar-export`` folder (its root means ``pq``; a dataset folder; ``disk/``) or
     any file / folder ``soar.data.load_problems`` reads. Provenance columns land in ``Problem.meta``."""
     from omegaconf import OmegaConf
-
-    from soar.config import DataConfig
-    from soar.data import load_problems
 
     p = Path(path).expanduser().resolve()
     if p.is_dir() and (p / "export.json").is_file():

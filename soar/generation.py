@@ -10,47 +10,12 @@ the backend per role (``backend.filter``, ``backend.teacher``, ``backend.student
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
-
+import numpy as np
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    """Samples per prompt."""
-    temperature: float = 1.0
-    """Sampling temperature; ignored when ``greedy``."""
-    max_tokens: int = 1024
-    """Most generated tokens."""
-    seed: int = 0
-    """Seed of this call; same seed, prompts and weights give the same samples on one machine."""
-    greedy: bool = False
-    """Argmax decoding (``n`` must be 1)."""
-    stop: tuple[str, ...] = ()
-    """Stop strings (EOS always stops); the text is cut before the stop string."""
-    logprobs: bool = False
-    """Return the model's (temperature-1) log-prob of each generated token."""
-
-
-@dataclass
-class Sample:
-    text: str
-    """Decoded completion without special tokens, cut at a stop string."""
-    token_ids: list[int]
-    """Generated token ids, including a final EOS when the model emitted one."""
-    finish_reason: str
-    """``stop`` (EOS or a stop string) or ``length`` (hit ``max_tokens``)."""
-    logprobs: list[float] | None = field(default=None)
-    """Per-token log-probs of ``token_ids`` when requested."""
-
-
-class Generator(Protocol):
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Sample]]: ...
-
-    def sync_weights(self, model) -> None:
-        """Generate from ``model``'s current weights from now on (after an update, or another model)."""
+from soar.data import render_prompt
+from soar.samples import Generator, Sample, SamplingParams
+from soar.vllm_backend import VLLMGenerator, engine_for, generate_together  # vllm itself is imported on first use
 
 
 class HFGenerator:
@@ -136,8 +101,6 @@ def generate_many(requests: list[tuple[Generator, list[str], SamplingParams]]) -
         else:
             by_engine.setdefault(id(gen.engine), []).append(i)
     for idx in by_engine.values():
-        from soar.vllm_backend import generate_together
-
         for i, res in zip(idx, generate_together([requests[i] for i in idx])):
             out[i] = res
     return out
@@ -163,7 +126,32 @@ def make_generator(cfg, role: str, model, tokenizer, pristine: bool = False) -> 
     says ``model`` holds exactly the checkpoint's weights (the engine then serves its own copy)."""
     if resolve_backend(cfg.backend, role) == "hf":
         return HFGenerator(model, tokenizer, batch_size=cfg.backend.batch_size)
-    from soar.vllm_backend import VLLMGenerator, engine_for
-
     engine = engine_for(cfg.model.path, cfg.backend.vllm, cfg.model.max_context, cfg.seed)
     return VLLMGenerator(engine, None if pristine else model, tokenizer)
+
+
+# ---- correctness: what the paper calls Acc -------------------------------------------------------
+def correctness(generator, grader, problems, template: str, max_tokens: int, stop=(), samples: int = 0,
+                seed: int = 0, temperature: float = 1.0) -> list[float]:
+    """Per problem: greedy correctness (``samples`` 0, the paper's Acc) or the fraction of
+    ``samples`` samples at ``temperature`` that are correct (a lower-variance alternative)."""
+    prompts, params = correctness_request(problems, template, max_tokens, stop, samples, seed, temperature)
+    return grade_correctness(grader, problems, generator.generate(prompts, params))
+
+
+def correctness_request(problems, template: str, max_tokens: int, stop=(), samples: int = 0, seed: int = 0,
+                        temperature: float = 1.0) -> tuple[list[str], SamplingParams]:
+    """The prompts and sampling parameters ``correctness`` generates with."""
+    prompts = [render_prompt(template, p.question) for p in problems]
+    return prompts, SamplingParams(n=max(samples, 1), greedy=samples == 0, temperature=temperature,
+                                   max_tokens=max_tokens, stop=tuple(stop), seed=seed)
+
+
+def grade_correctness(grader, problems, outs) -> list[float]:
+    grades = grader.grade_batch([s.text for o in outs for s in o], [p.answer for p, o in zip(problems, outs) for _ in o])
+    flat = np.array([g.correct for g in grades], dtype=float).reshape(len(problems), -1)
+    return flat.mean(-1).tolist()
+
+
+__all__ = ["Generator", "HFGenerator", "Sample", "SamplingParams", "correctness", "correctness_request",
+           "generate_many", "grade_correctness", "make_generator", "resolve_backend"]

@@ -21,6 +21,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+from soar.config import GRADER_NAMES
+
 # The paper's shaped reward: the only place these numbers live.
 REWARD_CORRECT = 120.0  # boxed and correct
 REWARD_PARTIAL = 20.0  # boxed, wrong, but the gold answer appears inside the box
@@ -135,7 +137,7 @@ class GradingStats:
                 self.gold_unparseable += grade.error == "gold_unparseable"
 
     def add(self, other: "GradingStats") -> None:
-        """Fold in counts graded elsewhere (a ``students.pool`` worker)."""
+        """Fold in counts graded elsewhere (a ``soar.students.pool`` worker)."""
         with _STATS_LOCK:
             for name in ("graded", "correct", "no_box", "partial", "gold_unparseable", "pred_unparseable"):
                 setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -437,6 +439,7 @@ class MathVerifyGrader(Grader):
 
 
 GRADERS: dict[str, type] = {"integer": IntegerGrader, "math_verify": MathVerifyGrader}
+assert tuple(GRADERS) == GRADER_NAMES, "soar.config.GRADER_NAMES lists the built-in graders"
 
 
 def make_grader(name: str, **kwargs) -> Grader:

@@ -11,8 +11,8 @@ Per outer step t:
      RL-trained K steps on X_k, on Q_R, in ``inner.reward_metric``: accuracy as in the paper, or the
      gold answers' log-probability; intrinsic: learnability of X_k for the base student);
   4. promotion: if the moving average of mean_k R_k passes tau, the median student of the best
-     dataset becomes the baseline and X_k* joins the Promotion Questions; K grows by
-     ``inner.steps_per_promotion``;
+     dataset becomes the baseline and X_k* joins the Promotion Questions; K (the inner steps) grows
+     by ``inner.steps_per_promotion``, up to ``inner.max_steps``;
   5. teacher update: RLOO over the g datasets (A_k = R_k - mean of the others), KL to the initial
      teacher, using the rewards measured against the old baseline;
   6. step dump, metrics, one atomic checkpoint. A killed run resumes from the last checkpoint.
@@ -27,11 +27,27 @@ import time
 from contextlib import contextmanager
 
 import numpy as np
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
 
 from soar.data import render_prompt, write_jsonl
+from soar.diversity import DiversityMeter
 from soar.faults import maybe_die
+from soar.generation import SamplingParams, make_generator
+from soar.grading import make_grader
+from soar.models import load_model, model_context
+from soar.prepare import setup_train
+from soar.run import MetricsLogger
 from soar.seeding import derive_seed
+from soar.signals import StopRequest
+from soar.stage import setup_stage
 from soar.state import LoopState, save_model_atomic
+from soar.students.promotion import PromotionPolicy, median_replicate
+from soar.students.trainer import SyncError, problem_scores
+from soar.teachers.rewards import as_problems, make_teacher_reward
+from soar.teachers.sampling import RejectionCapError
+from soar.teachers.update import TeacherPolicy, dataset_advantages
+from soar.worlds.base import resolve_hook
 
 log = logging.getLogger("soar.loop")
 
@@ -43,9 +59,6 @@ class LoopError(RuntimeError):
 @contextmanager
 def phase(name: str, step: int, times: dict):
     """Time a phase; a non-finite loss or a rejection cap aborts naming the step and phase."""
-    from students.trainer import SyncError
-    from teachers.sampling import RejectionCapError
-
     t0 = time.perf_counter()
     try:
         yield
@@ -63,14 +76,6 @@ class Loop:
     """Holds the run's long-lived pieces; ``step`` is one outer iteration."""
 
     def __init__(self, cfg, run, tokenizer, base_model, hard):
-        from soar.diversity import DiversityMeter
-        from soar.generation import make_generator
-        from soar.grading import make_grader
-        from soar.models import model_context
-        from students.promotion import PromotionPolicy
-        from teachers.rewards import make_teacher_reward
-        from teachers.update import TeacherPolicy
-
         self.cfg, self.run, self.tokenizer, self.hard = cfg, run, tokenizer, hard
         self.template = cfg.data.prompt_template
         self.grader = make_grader(cfg.data.grader)
@@ -84,23 +89,15 @@ class Loop:
             self.state, teacher_state = LoopState.load(run.resume_from)
             self.teacher.trainer.load_state_dict(teacher_state)
             if self.state.promotions:
-                from soar.models import load_model
-
                 self.baseline = load_model(_model_cfg(cfg, str(run.path / self.state.promotions[-1]["path"])))
             log.info("resumed from %s after outer step %d", run.resume_from, self.state.step)
         self.policy = PromotionPolicy(cfg.promotion, self.state.history)
         self.diversity = DiversityMeter(cfg.loop.diversity_model)
-        self.oracle = None
-        if cfg.loop.answer_oracle:
-            from soar.config import load_callable
-
-            self.oracle = load_callable(cfg.loop.answer_oracle, "loop.answer_oracle")
+        self.oracle = resolve_hook(cfg, "loop.answer_oracle") if cfg.loop.answer_oracle else None  # measurement only
 
     # ---- helpers ------------------------------------------------------------------------------
     def scores(self, problems, seed_label, metric: str) -> list[float]:
-        """The baseline's score per problem in ``metric`` (``students.trainer.problem_scores``)."""
-        from students.trainer import problem_scores
-
+        """The baseline's score per problem in ``metric`` (``soar.students.trainer.problem_scores``)."""
         return problem_scores(metric, self.baseline, self.tokenizer, self.eval_gen, self.grader, problems, self.template,
                               self.cfg.student, self.cfg.inner, derive_seed(self.cfg.seed, "baseline_eval", seed_label))
 
@@ -114,9 +111,7 @@ class Loop:
 
     # ---- one outer step -----------------------------------------------------------------------
     def step(self, t: int, bar=None) -> dict:
-        from teachers.rewards import as_problems
-        from teachers.update import dataset_advantages
-
+        t_start = time.perf_counter()
         cfg, st, times, m = self.cfg, self.state, {}, {"student/inner_steps": self.state.inner_steps}
         self.grader.reset_stats()
         with phase("teacher_sample", t, times):  # 1. g*n valid pairs per group
@@ -166,7 +161,8 @@ class Loop:
         self.dump(t, datasets_GK, rewards_KR, adv_GK, qr, results, decision, record)
         st.step = t + 1
         m.update(times)
-        m["time/step_s"] = sum(times.values())
+        m["time/phases_s"] = sum(times.values())  # the timed phases only (was time/step_s)
+        m["time/step_wall_s"] = time.perf_counter() - t_start  # the whole step, wall clock
         return m
 
     def promote(self, t, decision, results, datasets_GK, rewards_KR) -> dict:
@@ -212,13 +208,9 @@ class Loop:
                              "questions": [{"question": p.question, "answer": p.answer} for p in d]})
         completions, best = [], None
         if results[0].students_KR:  # the median student of the best dataset
-            from students.promotion import median_replicate
-
             bi, bk = divmod(int(np.argmax(rewards_KR.mean(-1))), g)
             best = results[bi].students_KR[bk][median_replicate(rewards_KR[bi * g + bk])]
         if best is not None and self.cfg.loop.dump_completions:
-            from soar.generation import SamplingParams
-
             few = qr[: self.cfg.loop.dump_completions]
             outs = best.trainer.sampler().generate([render_prompt(self.template, p.question) for p in few],
                                                    SamplingParams(greedy=True, max_tokens=self.cfg.student.max_tokens))
@@ -243,56 +235,44 @@ class Loop:
 
 
 def _model_cfg(cfg, path: str):
-    from omegaconf import OmegaConf
-
     return OmegaConf.merge(cfg.model, {"path": path})
 
 
 def run_train(cfg) -> dict:
     """The ``soar-train`` stage: hard set -> outer loop -> Promotion Questions (``pq.jsonl``)."""
-    from tqdm.auto import tqdm
-
-    from soar.config import validate
-    from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
-    from soar.prepare import hard_set, resolve_model_path
-    from soar.run import MetricsLogger, RunDir
-    from soar.signals import StopRequest
-
-    validate(cfg, "train")
-    set_threads(cfg.run.threads)
-    resolve_model_path(cfg)
-    run = RunDir(cfg, "train")
     stop = StopRequest.install()  # SIGTERM/SIGUSR1: checkpoint at the next step boundary, exit 75
     try:
-        tokenizer, base = load_tokenizer(cfg.model), load_model(cfg.model)
-        hard = hard_set(cfg, run.path, base, tokenizer, cfg.run.progress)
-        context = model_context(base, cfg.model)
-        check_context(tokenizer, [cfg.teacher.prompt], cfg.teacher.max_tokens, context, "teacher.max_tokens")
-        check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in hard.train + hard.test],
-                      cfg.student.max_tokens, context, "student.max_tokens")
-        loop = Loop(cfg, run, tokenizer, base, hard)
-        metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None)
-        per_step = cfg.teacher.groups_per_step * cfg.teacher.datasets * (
-            cfg.inner.replicates if cfg.teacher.reward == "grounded" else 1)
-        bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
-                   disable=not cfg.run.progress)
-        for t in range(loop.state.step, cfg.loop.steps):
-            if stop.requested:
-                break
-            metrics = loop.step(t, bar)
-            metrics_log.log(t + 1, metrics)  # before the checkpoint: a resume truncates rows past it
-            loop.checkpoint()
-            bar.set_postfix(step=t + 1, reward=f"{metrics['teacher/reward_mean']:+.3f}",
-                            promotions=len(loop.state.promotions))
-        bar.close()
-        loop.reward_fn.close()
-        stop.exit_if_requested(loop.state.step, cfg.loop.steps)
-        summary = {"steps": loop.state.step, "promotions": loop.state.promotions, "pq_size": len(loop.state.pq),
-                   "hard_set": hard.source, "run_dir": str(run.path)}
-        (run.path / "summary.json").write_text(json.dumps(summary, indent=2))
-        metrics_log.close()
-        print(json.dumps({k: summary[k] for k in ("steps", "pq_size", "run_dir")} | {"promotions": len(summary["promotions"])}))
-        return summary
+        stage = setup_stage(cfg, "train")
+        try:
+            summary = _train(cfg, stage, stop)
+        finally:
+            stage.close()
     finally:
         stop.restore()
-        run.close()
+    return summary
+
+
+def _train(cfg, stage, stop) -> dict:
+    run, hard = stage.run, setup_train(cfg, stage)
+    loop = Loop(cfg, run, stage.tokenizer, stage.model, hard)
+    metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None)
+    per_step = cfg.teacher.groups_per_step * cfg.teacher.datasets * (
+        cfg.inner.replicates if cfg.teacher.reward == "grounded" else 1)
+    bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
+               disable=not cfg.run.progress)
+    for t in range(loop.state.step, cfg.loop.steps):
+        if stop.requested:
+            break
+        metrics = loop.step(t, bar)
+        metrics_log.log(t + 1, metrics)  # before the checkpoint: a resume truncates rows past it
+        loop.checkpoint()
+        bar.set_postfix(step=t + 1, reward=f"{metrics['teacher/reward_mean']:+.3f}", promotions=len(loop.state.promotions))
+    bar.close()
+    loop.reward_fn.close()
+    stop.exit_if_requested(loop.state.step, cfg.loop.steps)
+    summary = {"steps": loop.state.step, "promotions": loop.state.promotions, "pq_size": len(loop.state.pq),
+               "hard_set": hard.source, "run_dir": str(run.path)}
+    (run.path / "summary.json").write_text(json.dumps(summary, indent=2))
+    metrics_log.close()
+    print(json.dumps({k: summary[k] for k in ("steps", "pq_size", "run_dir")} | {"promotions": len(summary["promotions"])}))
+    return summary

@@ -1,16 +1,21 @@
-"""Model and tokenizer loading, plus the project's own character-level Llama (no download).
+"""Model and tokenizer loading, policy export (a peft adapter merged into a copy of its base), plus the
+project's own character-level Llama (no download).
 
-    from soar.models import build_char_tokenizer, build_tiny_llama, load_policy
+    from soar.models import build_char_tokenizer, build_tiny_llama, export_policy, load_model, load_tokenizer
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from soar.config import ConfigError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 CHARS = "\n" + "".join(chr(c) for c in range(32, 127))  # newline + printable ASCII
@@ -63,8 +68,6 @@ def _model_load_errors(model_cfg, what: str):
     """A model folder or hub id that cannot be loaded is the user's to fix: one ``ConfigError`` naming
     ``model.path`` instead of transformers' chained tracebacks. A local folder's ``config.json`` is
     checked first, so a broken one is named with its JSON error."""
-    from soar.config import ConfigError
-
     folder = Path(model_cfg.path).expanduser()
     if folder.is_dir():
         config = folder / "config.json"
@@ -115,8 +118,6 @@ def model_context(model, model_cfg) -> int:
 
 def check_context(tokenizer, prompts: list[str], max_tokens: int, context: int, where: str) -> int:
     """Fail early if the longest prompt plus the generation budget exceeds the model context."""
-    from soar.config import ConfigError
-
     longest = max((len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts), default=0)
     if longest + max_tokens > context:
         raise ConfigError(
@@ -141,5 +142,26 @@ def model_fingerprint(model_cfg) -> str:
     return f"{ident}@{model_cfg.revision or 'main'}"
 
 
+def export_policy(model):
+    """A standalone copy of a policy: a peft model's adapter merged into a copy of its base."""
+    if is_peft(model):
+        return copy.deepcopy(model).merge_and_unload()
+    return copy.deepcopy(model)
+
+
+def is_peft(model) -> bool:
+    peft = sys.modules.get("peft")  # never imported: cannot be a peft model (and no import cost)
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def save_policy(model, tokenizer, out_dir) -> None:
+    """HF-format policy (merged) plus the adapter itself under ``adapter/`` for a peft model."""
+    if is_peft(model):
+        model.save_pretrained(str(out_dir) + "/adapter")
+    export_policy(model).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
 __all__ = ["build_char_tokenizer", "build_tiny_llama", "load_tokenizer", "load_model",
-           "check_context", "set_threads", "model_context", "model_fingerprint"]
+           "check_context", "set_threads", "model_context", "model_fingerprint", "export_policy", "is_peft",
+           "save_policy"]

@@ -1,19 +1,22 @@
-"""Everything ``soar-train`` needs before the outer loop: the base model (downloaded, local, or built
-by ``model.build``), the question pool (``data.path`` or ``data.build``), and the fail@k hard set
-(``loop.hard_set``: a hard-set folder, a fail@k manifest or a JSONL; or built in ``<run>/hard_set``
-with the resumable filter)."""
+"""Everything ``soar-train`` (and ``soar-estimate``'s calibration) needs before the outer loop, on top
+of ``soar.stage.setup_stage`` (config checks, the base model, the run dir): the question pool
+(``data.path`` or ``data.build``), the fail@k hard set (``loop.hard_set``: a hard-set folder, a fail@k
+manifest or a JSONL; or built in ``<run>/hard_set`` with the resumable filter), and the context checks
+of the teacher's and the students' prompts (``setup_train``)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import open_dict
-
-from soar.config import ConfigError, load_callable
-from soar.data import Problem, load_problem_records, load_problems, write_jsonl
+from soar.config import ConfigError
+from soar.data import Problem, load_problem_records, load_problems, render_prompt, write_jsonl
+from soar.filters.failk import filter_to_hard_set, read_manifest_rows, split_hard
+from soar.stage import Stage, resolve_model_path  # noqa: F401  (resolve_model_path: re-exported)
+from soar.worlds.base import resolve_hook
 
 log = logging.getLogger("soar.prepare")
 
@@ -25,26 +28,29 @@ class HardSet:
     source: str
 
 
-def resolve_model_path(cfg) -> None:
-    """Fill ``model.path`` from ``model.build`` when it is null (e.g. the world's cached pretraining)."""
-    if not cfg.model.path and cfg.model.build:
-        path = load_callable(cfg.model.build, "model.build")(cfg)
-        with open_dict(cfg):
-            cfg.model.path = str(path)
+def setup_train(cfg, stage: Stage) -> HardSet:
+    """The hard set of a ``soar-train`` run opened by ``setup_stage`` (built in its run dir unless
+    given), then the context checks: the teacher's prompt plus ``teacher.max_tokens``, and every hard
+    question's student prompt plus ``student.max_tokens``. Records its time in ``stage.seconds``."""
+    t0 = time.perf_counter()
+    hard = hard_set(cfg, stage.run.path, stage.model, stage.tokenizer, cfg.run.progress)
+    stage.seconds["hard_set_s"] = time.perf_counter() - t0
+    stage.check_prompts([cfg.teacher.prompt], cfg.teacher.max_tokens, "teacher.max_tokens")
+    stage.check_prompts([render_prompt(cfg.data.prompt_template, p.question) for p in hard.train + hard.test],
+                        cfg.student.max_tokens, "student.max_tokens")
+    return hard
 
 
 def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> HardSet:
     if cfg.loop.hard_set:
         train, test, source = given_hard_set(cfg, run_path)
     else:
-        from filters.failk import filter_to_hard_set
-
         folder = run_path / "hard_set"
         folder.mkdir(parents=True, exist_ok=True)
         if not (folder / "summary.json").exists():
             path = cfg.data.path
             if not path:
-                path = load_callable(cfg.data.build, "data.build")(cfg, run_path / "problems")
+                path = resolve_hook(cfg, "data.build")(cfg, run_path / "problems")
             filter_to_hard_set(cfg, load_problems(cfg.data, str(path)), model, tokenizer, folder, progress)
         train, test = (load_problem_records(cfg.data, folder / f"hard_{s}.jsonl") for s in ("train", "test"))
         source = str(folder)
@@ -60,8 +66,6 @@ def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], li
     manifest (a ``manifest.jsonl`` or a folder with only one), whose 0-pass ids are taken from
     ``data``; or a JSONL of problems with or without a ``split`` column. Without given splits the
     ids are split like ``soar-filter`` does; that split is written to ``<run>/hard_set`` for the record."""
-    from filters.failk import split_hard
-
     given = Path(cfg.loop.hard_set).expanduser()
     files = {s: given / f"hard_{s}.jsonl" for s in ("train", "test")}
     if given.is_dir() and all(f.exists() for f in files.values()):
@@ -107,8 +111,6 @@ def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], li
 
 def _read_manifest(path: Path) -> dict[str, dict] | None:
     """A fail@k manifest's rows by id (a cut last line is ignored), or None if ``path`` is not one."""
-    from filters.failk import read_manifest_rows
-
     try:
         rows, _ = read_manifest_rows(path)
     except ValueError as exc:

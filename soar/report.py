@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from soar.rundata import RunData, read_json, read_run
+from soar.evaluate import aggregate, centred_moving_average, markdown_table
+from soar.rundata import RunData, RunDataError, read_json, read_run
 
 
 def series(metrics: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -37,7 +39,8 @@ def run_series(run: RunData) -> dict:
         "teacher_tokens_per_sample": "teacher/completion_tokens_mean", "inner_steps": "student/inner_steps"}.items()}
     reject_keys = sorted({k for r in m for k in r if k.startswith("teacher/reject/")})
     out["reject"] = {k.rsplit("/", 1)[1]: series(m, k) for k in reject_keys}
-    time_keys = sorted({k for r in m for k in r if k.startswith("time/") and k != "time/step_s"})
+    totals = ("time/step_s", "time/phases_s", "time/step_wall_s")  # sums, not phases (step_s: older runs)
+    time_keys = sorted({k for r in m for k in r if k.startswith("time/") and k not in totals})
     steps = [r["step"] for r in m]  # a phase absent from a step (e.g. promotion) took 0 s there
     out["time"] = {k.removeprefix("time/").removesuffix("_s"): (steps, [float(r.get(k, 0.0)) for r in m])
                    for k in time_keys}
@@ -193,8 +196,6 @@ def plot_evals(evals: list[dict], agg: dict, out: Path) -> list[str]:
     trained = [e for e in evals if e.get("train_reward")]
     if trained:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4))  # training reward + rolling mean, before / after
-        from soar.evaluate import centred_moving_average
-
         for i, e in enumerate(trained):
             r = e["train_reward"]
             line = axes[0].plot(range(1, len(r) + 1), r, alpha=0.3, color=f"C{i % 10}")[0]
@@ -232,8 +233,6 @@ def run_table(runs: list[RunData]) -> str:
 
 def build_report(run_dirs, eval_dirs=(), out: str | Path | None = None, diversity_model: str | None = None) -> dict:
     """Plots + ``report.md`` + ``report.json``; returns the JSON document."""
-    from soar.evaluate import aggregate, markdown_table
-
     runs = [read_run(d, with_steps=True) for d in run_dirs]
     if not runs and not eval_dirs:
         raise ValueError("soar-report needs at least one run dir or --evals dir")
@@ -275,10 +274,6 @@ def build_report(run_dirs, eval_dirs=(), out: str | Path | None = None, diversit
 
 def main(argv: list[str] | None = None) -> None:
     """``soar-report RUN_DIR... [--evals EVAL_DIR...] [--out DIR] [--diversity-model NAME]``."""
-    import sys
-
-    from soar.rundata import RunDataError
-
     ap = argparse.ArgumentParser(prog="soar-report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dirs", nargs="*", help="soar-train run directories")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from soar.config import SoarConfig, register_configs
+
 
 class RunDataError(ValueError):
     """A run dir or export folder lacks a file, or a file cannot be parsed; the message names it."""
@@ -85,8 +87,6 @@ def config_hash(path: Path) -> str:
 def load_run_config(path: Path):
     """A run's ``config.yaml`` merged over the schema (new sections get their defaults)."""
     from omegaconf import OmegaConf
-
-    from soar.config import SoarConfig, register_configs
 
     register_configs()
     if not path.is_file():

@@ -26,7 +26,7 @@ class LoopState:
     baseline_version: int = 0
     """0: the base model; i: the i-th promoted student."""
     history: list[float] = field(default_factory=list)
-    """Step rewards in the moving-average window (see ``students.promotion``)."""
+    """Step rewards in the moving-average window (see ``soar.students.promotion``)."""
     promotions: list[dict] = field(default_factory=list)
     """One record per promotion: step, dataset, replicate, rewards, path, hard-split accuracies."""
     pq: list[dict] = field(default_factory=list)

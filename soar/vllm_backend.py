@@ -31,7 +31,10 @@ from pathlib import Path
 
 import torch
 
-from soar.generation import Sample, SamplingParams
+from soar import config  # config._available_ram_gb at call time (tests patch it)
+from soar.config import ConfigError
+from soar.models import export_policy, is_peft
+from soar.samples import Sample, SamplingParams
 from soar.seeding import derive_seed
 
 log = logging.getLogger("soar.vllm")
@@ -63,9 +66,7 @@ def cpu_kv_cache_gb(vcfg) -> int:
     else half the memory available now within [1, 4]. A size the machine cannot hold is a
     ``ConfigError`` saying what to set, raised before the engine starts (vLLM would fail later with a
     long traceback from its worker process)."""
-    from soar.config import ConfigError, _available_ram_gb
-
-    available = _available_ram_gb()
+    available = config._available_ram_gb()
     explicit = vcfg.kv_cache_gb
     if explicit is None and _USER_KV_CACHE:
         explicit = int(_USER_KV_CACHE)
@@ -133,11 +134,9 @@ class EngineStartError(RuntimeError):
 
 
 def _start_failure(model_path: str, on_cpu: bool, exc: Exception) -> str:
-    from soar.config import _available_ram_gb
-
     what = " ".join(f"{type(exc).__name__}: {exc}".split())
     if on_cpu:
-        available = _available_ram_gb()
+        available = config._available_ram_gb()
         memory = f"{available:.1f} GiB" if available is not None else "unknown"
         hint = (f"if its log above says 'Available memory on node', memory is short ({memory} available, KV cache "
                 f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB): lower backend.vllm.kv_cache_gb or use backend=hf")
@@ -201,8 +200,6 @@ class VLLMGenerator:
         self.version += 1
 
     def _as_adapter(self) -> bool:
-        from students.trainer import is_peft
-
         return is_peft(self.model) and self.engine.llm.llm_engine.vllm_config.lora_config is not None
 
     def holder(self) -> object:
@@ -214,8 +211,6 @@ class VLLMGenerator:
         return self.uid, self.version
 
     def _ensure_loaded(self) -> None:
-        from students.trainer import export_policy, is_peft
-
         t0, holder = time.perf_counter(), self.holder()
         if self.engine.holder != holder:
             if self.model is None:

@@ -201,8 +201,9 @@ def start_cluster(root: Path, timeout: float = 60) -> SlurmCluster:
         dead = [p.args for p in cluster.procs if p.poll() is not None]
         if dead or time.time() > deadline:
             cluster.stop()
+            outs = "\n".join(p.read_text()[-2000:] for p in (root / "log").glob("*.out"))
             raise RuntimeError(f"SLURM did not come up ({'exited: ' + str(dead) if dead else 'timeout'})\n"
-                               f"{cluster.logs()}\n" + "\n".join(p.read_text()[-2000:] for p in (root / "log").glob("*.out")))
+                               f"{cluster.logs()}\n" + outs)
         time.sleep(0.3)
     cluster.bringup_s = time.perf_counter() - t0
     return cluster

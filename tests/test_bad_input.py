@@ -83,8 +83,8 @@ def jsonl(rows) -> str:
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_config_value_is_refused_naming_the_field(tmp_path, command, overrides, named):
     args = train_args(tmp_path / "run", *overrides) if command == "soar-train" else \
-        [script(command), "experiment=arith_micro", "model.path=/tmp", f"data.path={tmp_path}", f"run.dir={tmp_path / 'run'}",
-         *overrides]
+        [script(command), "experiment=arith_micro", "model.path=/tmp", f"data.path={tmp_path}",
+         f"run.dir={tmp_path / 'run'}", *overrides]
     assert_user_error(cli(args), named)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -359,7 +359,7 @@ def hang_on_marker(content: str, gold: str):
         "answer check raises"])
 def test_adversarial_teacher_output(text, answer_ok, expected):
     from soar.grading import make_grader
-    from teachers.parse import Pair, Reject, parse_pair
+    from soar.teachers.parse import Pair, Reject, parse_pair
 
     check = make_grader(answer_ok).parseable if isinstance(answer_ok, str) else answer_ok
     result = parse_pair(text, answer_ok=check)

@@ -7,9 +7,9 @@ import logging
 import pytest
 
 import soar
-from filters.failk import split_hard
 from soar.config import ConfigError, DataConfig, validate
 from soar.data import DataError, load_problems, shared_data_dir
+from soar.filters.failk import split_hard
 from soar.prepare import given_hard_set
 
 pytestmark = [pytest.mark.timeout(300),
@@ -160,7 +160,7 @@ def test_custom_datasetdict_folder_reads_the_configured_split(tmp_path):
 @pytest.mark.parametrize("preset,data_name,pool", [("paper_math", "math", 5000), ("paper_harp", "harp", 4780)])
 def test_paper_presets_pin_table_3(preset, data_name, pool):
     from soar.config import PAPER_STUDENT_TEMPLATE
-    from teachers.prompts import PAPER_TEACHER_PROMPT
+    from soar.teachers.prompts import PAPER_TEACHER_PROMPT
 
     cfg = soar.compose([f"experiment={preset}", "data.limit=4"])
     assert cfg.model.path == "meta-llama/Llama-3.2-3B-Instruct" and cfg.run.name == f"{preset}_s0"

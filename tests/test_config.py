@@ -23,7 +23,8 @@ def cfg_with(*overrides, tmp_path=None):
 def test_paper_defaults_from_table_3():
     cfg = cfg_with()
     s, f = cfg.student, cfg.filter
-    assert (s.questions_per_step, s.group_size, s.lr, s.kl_coef, s.temperature, s.max_tokens) == (8, 32, 1e-5, 0.001, 1.0, 1024)
+    assert (s.questions_per_step, s.group_size, s.lr, s.kl_coef, s.temperature, s.max_tokens) == \
+        (8, 32, 1e-5, 0.001, 1.0, 1024)
     assert (s.max_steps, s.warmup_steps, s.lora.r) == (10, 0, 0)
     assert (f.k, f.temperature, f.max_tokens, f.test_frac) == (128, 1.0, 1024, 0.5)
     assert "\\boxed{}" in cfg.data.prompt_template and "{question}" in cfg.data.prompt_template

@@ -1,6 +1,7 @@
 """Question loading: formats, bad rows named by file/row/field, skip vs error."""
 
 import json
+
 import pytest
 
 from soar.config import DataConfig

@@ -6,11 +6,11 @@ import pytest
 
 from soar.diversity import mean_pairwise_cosine_distance, vendi_score
 from soar.generation import Sample, SamplingParams
-from students.promotion import PromotionPolicy, median_replicate
-from teachers.parse import Pair, Reject, parse_pair
-from teachers.rewards import intrinsic_question_reward
-from teachers.sampling import RejectionCapError, sample_valid
-from teachers.update import dataset_advantages
+from soar.students.promotion import PromotionPolicy, median_replicate
+from soar.teachers.parse import Pair, Reject, parse_pair
+from soar.teachers.rewards import intrinsic_question_reward
+from soar.teachers.sampling import RejectionCapError, sample_valid
+from soar.teachers.update import dataset_advantages
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -159,7 +159,7 @@ def test_export_round_trip_keeps_provenance(micro_run):
     assert len(samples) == 8 and all(p.meta["teacher_step"] == 3 for p in samples)
     assert manifest["datasets"]["teacher_step_000003"]["sampling"]["teacher/valid_frac"] > 0
     for folder in ("teacher_step_000003", "promotion_01"):
-        assert (out / "models" / folder / "config.json").exists() and (out / "models" / folder / "model.safetensors").exists()
+        assert all((out / "models" / folder / name).exists() for name in ("config.json", "model.safetensors"))
 
 
 def test_zero_promotions_fail_naming_the_run_unless_allowed(no_promotion_run, micro_run):
@@ -249,7 +249,8 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
     evals = {}
     for name, extra in {"hard_only": ["eval.method=hard_only"],
                         "pq": ["eval.method=pq", "eval.mixing=curriculum", "eval.label=SOAR-PQ"],
-                        "sampled": ["eval.method=questions", f"eval.questions={micro_run / 'export' / 'teacher_step_000003'}",
+                        "sampled": ["eval.method=questions",
+                                    f"eval.questions={micro_run / 'export' / 'teacher_step_000003'}",
                                     "eval.label=Grounded-T", "eval.synthetic_frac=0.5"],
                         "ps": ["eval.method=ps", "eval.label=SOAR-PS"]}.items():
         evals[name] = tmp_path / name
@@ -285,7 +286,8 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
     assert all(len(v[1]) == 3 for v in series["time"].values()) and "no_tags" in series["reject"]
     table = doc["aggregate"]["table"]
     assert set(table) == {"hard_only", "SOAR-PQ", "Grounded-T", "SOAR-PS"}
-    assert set(table["SOAR-PQ"]["metrics"]) == {"eval/greedy_acc", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8"}
+    assert set(table["SOAR-PQ"]["metrics"]) == {"eval/greedy_acc", "eval/pass@1", "eval/pass@2", "eval/pass@4",
+                                                "eval/pass@8"}
     assert table["SOAR-PQ"]["vendi"]["sets"] == 1 and 1 <= table["SOAR-PQ"]["vendi"]["mean"] <= 8
     assert "vendi" not in table["hard_only"]
     for name in doc["figures"]:

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from soar.filters.failk import band, prob_group_mixed, split_hard
+
 from conftest import arith_data, run_cli, script, write_jsonl
-from filters.failk import band, prob_group_mixed, split_hard
 
 pytestmark = pytest.mark.timeout(600)
 

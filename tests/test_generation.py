@@ -5,6 +5,8 @@ import torch
 
 from soar.generation import HFGenerator, SamplingParams, resolve_backend
 
+from conftest import ARITH_TEMPLATE
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -16,9 +18,6 @@ def gen(tiny_model_dir):
 
     mcfg = SimpleNamespace(path=str(tiny_model_dir), revision=None, dtype="float32", trust_remote_code=False)
     return HFGenerator(load_model(mcfg), load_tokenizer(mcfg), batch_size=16)
-
-
-from conftest import ARITH_TEMPLATE
 
 PROMPTS = [ARITH_TEMPLATE.replace("{question}", q) for q in ("120+310", "555+555", "900+100")]
 

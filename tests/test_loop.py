@@ -151,7 +151,8 @@ def test_more_reward_questions_than_hard_train_is_a_config_error(tiny_model_dir,
 def test_intrinsic_teacher_and_base_teacher_variants(reference_run, tiny_model_dir, tmp_path):
     hard = reference_run[0] / "hard_set"  # reuse the reference run's hard set
     run_cli(micro_args(tiny_model_dir, tmp_path / "intrinsic", f"loop.hard_set={hard}", "teacher.reward=intrinsic",
-                       "promotion.enabled=false", "loop.steps=2", "teacher.intrinsic_samples=4", "teacher.groups_per_step=2"))
+                       "promotion.enabled=false", "loop.steps=2", "teacher.intrinsic_samples=4",
+                       "teacher.groups_per_step=2"))
     rows = comparable_metrics(tmp_path / "intrinsic")
     for r in rows:  # no inner loop: no student steps; rewards are learnability in [0, 1]
         assert "compute/student_steps" not in r and 0 <= r["teacher/intrinsic_success_rate"] <= 1

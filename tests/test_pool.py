@@ -1,4 +1,4 @@
-"""The Ray student pool (``students.pool``) on the micro world: students spread over worker
+"""The Ray student pool (``soar.students.pool``) on the micro world: students spread over worker
 processes, results independent of the worker count and equal to in-process training, a killed
 worker replaced with the student rerun from its seed, a second failure naming the student."""
 
@@ -38,7 +38,7 @@ def rewards_for(world, workers: int, env: dict | None = None, step: int = 0):
     """One group's GroundedReward on ``workers`` pool workers (0: in-process, 1 torch thread)."""
     from omegaconf import OmegaConf
 
-    from teachers.rewards import GroundedReward
+    from soar.teachers.rewards import GroundedReward
 
     cfg, tok, base, grader, datasets, qr = world
     cfg = OmegaConf.merge(cfg, {"resources": {"num_workers": workers}})
@@ -134,7 +134,7 @@ def test_killed_worker_is_replaced_and_the_student_rerun_identically(world, ray_
 
 @pytest.mark.slow
 def test_a_student_failing_twice_fails_the_run_naming_it(world, ray_local):
-    from students.pool import PoolError
+    from soar.students.pool import PoolError
 
     with pytest.raises(PoolError, match=r"student \(step 0, group 0, k 1, j 0\) failed twice"):
         rewards_for(world, 2, {"SOAR_FAULT": "pool_student:0:0:1:0"})

@@ -5,9 +5,9 @@ import json
 
 import numpy as np
 import pytest
+from test_loop import comparable_metrics, micro_args
 
 from conftest import ARITH_TEMPLATE, run_cli
-from test_loop import comparable_metrics, micro_args
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,8 +25,8 @@ def test_gold_prob_is_the_sampled_frequency_of_the_gold_answer(tiny):
     """exp(log p(gold)) equals how often T=1 samples begin with exactly ``\\boxed{gold}`` (within
     4 binomial standard errors over 2000 samples), for problems of 0-3 carries."""
     from soar.generation import HFGenerator, SamplingParams
+    from soar.students.trainer import gold_scores
     from soar.worlds.arith import generate_problems
-    from students.trainer import gold_scores
 
     model, tok = tiny
     problems = [generate_problems(3, c, 1, seed=40 + c, prefix="g")[0] for c in range(4)]
@@ -44,8 +44,8 @@ def test_gold_prob_is_the_sampled_frequency_of_the_gold_answer(tiny):
 
 def test_gold_logprobs_do_not_depend_on_batching(tiny):
     """Right padding in a batch leaves every problem's log-probability unchanged."""
+    from soar.students.trainer import gold_logprobs
     from soar.worlds.arith import generate_problems
-    from students.trainer import gold_logprobs
 
     model, tok = tiny
     from dataclasses import replace
@@ -64,7 +64,7 @@ def test_loop_with_gold_logprob_rewards(tiny, tiny_model_dir, tmp_path):
     from soar.data import Problem
     from soar.loop import draw_reward_questions
     from soar.seeding import derive_seed
-    from students.trainer import gold_logprobs
+    from soar.students.trainer import gold_logprobs
 
     run_dir = tmp_path / "gold"
     run_cli(micro_args(tiny_model_dir, run_dir, "loop.steps=2", "inner.reward_metric=gold_logprob",

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from conftest import arith_data, run_cli, script
 from soar.run import read_metrics
+
+from conftest import arith_data, run_cli, script
 
 pytestmark = pytest.mark.timeout(600)
 

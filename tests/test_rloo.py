@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from students.rloo import k3_kl, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
+from soar.students.rloo import k3_kl, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +64,7 @@ def test_micro_batch_1_equals_8(loss_norm):
     from types import SimpleNamespace
 
     from soar.models import build_char_tokenizer, build_tiny_llama
-    from students.trainer import RLOOTrainer
+    from soar.students.trainer import RLOOTrainer
 
     tok = build_char_tokenizer()
     grads = []

@@ -12,9 +12,10 @@ import json
 import pytest
 import torch
 
-from conftest import ARITH_TEMPLATE, arith_data, run_cli, script
 from soar.data import shared_data_dir
 from soar.generation import HFGenerator, SamplingParams
+
+from conftest import ARITH_TEMPLATE, arith_data, run_cli, script
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
@@ -45,7 +46,7 @@ def setup(tiny_model_dir):
 
 def forced_logprobs(model, tok, prompts, samples):
     """HF log-probs of the given completions (teacher forcing), and the top-2 logit gap per position."""
-    from students.rloo import pack_sequences
+    from soar.students.rloo import pack_sequences
 
     prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
     ids, attn, mask = pack_sequences(prompt_ids, [s.token_ids for s in samples], tok.pad_token_id)
@@ -141,8 +142,8 @@ def test_sync_check_passes_when_synced_and_catches_a_skipped_sync(setup):
     loss's forward pass. Skipping one weight push (the engine keeps the pre-update weights) fails."""
     import soar
     from soar.grading import make_grader
+    from soar.students.trainer import RLOOTrainer, SyncError
     from soar.worlds.arith import generate_problems
-    from students.trainer import RLOOTrainer, SyncError
 
     cfg, tok, model, gen = setup
     scfg = soar.compose(["experiment=arith_micro", "student.lr=1e-2", "student.kl_coef=0", "student.skip_zero_adv=false",
@@ -169,9 +170,9 @@ def test_lockstep_students_share_one_generate_and_match_one_by_one(setup, monkey
 
     import soar
     from soar.grading import make_grader
+    from soar.students.lockstep import LockstepStudents
+    from soar.students.pool import InProcessStudents, StudentRunner, StudentTask, make_students
     from soar.worlds.arith import generate_problems
-    from students.lockstep import LockstepStudents
-    from students.pool import InProcessStudents, StudentRunner, StudentTask, make_students
 
     cfg, tok, model, gen = setup
     over = vllm_overrides(cfg.model.path) + ["backend.student=vllm", "student.lora.r=8", "student.lora.alpha=16",

@@ -6,12 +6,27 @@ import json
 import numpy as np
 import pytest
 
+from soar.teachers import Pair, format_pair, parse_pair
+from soar.worlds.arith import (
+    ArithWorldConfig,
+    carries_of,
+    family_problems,
+    loss_backward,
+    lsb,
+    make_problem,
+    pretrain,
+    sample_pair,
+    teacher_completion,
+    world_hash,
+)
+
 from conftest import run_cli, script
-from soar.worlds.arith import (ArithWorldConfig, carries_of, family_problems, loss_backward, lsb, make_problem,
-                               pretrain, sample_pair, teacher_completion, world_hash)
-from teachers import Pair, format_pair, parse_pair
 
 pytestmark = pytest.mark.timeout(300)
+
+PLAIN = dict(teacher_frac=0.2, teacher_carry_weights=None, teacher_carries="none", padded_batches=False)
+"""A plain tiny world for the pretraining tests: a 20 % teacher share on the student's carry mix, no
+carry plan, one pass per sequence length (the default world uses a plan and padded batches)."""
 
 
 @pytest.mark.parametrize("digits", [3, 10])
@@ -59,7 +74,8 @@ def test_teacher_carries_mark_the_carries_and_parse_to_the_pair(mode):
         # plan: before the question; worked: between the question and the answer; both
         assert text.startswith(plan) == (mode != "worked") and (f"</question>{plan}<answer>" in text) == (mode != "plan")
         assert parse_pair(text) == Pair(p.question, p.answer) and text[offset:offset + 11] == p.answer
-        assert teacher_completion(a, b, ArithWorldConfig(digits=10))[0] == format_pair(p.question, p.answer)
+        assert teacher_completion(a, b, ArithWorldConfig(digits=10, teacher_carries="none"))[0] == \
+            format_pair(p.question, p.answer)
 
 
 def test_inverse_teacher_writes_sum_and_addend_then_subtracts_and_copies():
@@ -114,7 +130,7 @@ def test_loss_backward_by_length_gives_the_padded_batch_gradient():
 
 def test_pretraining_is_deterministic_and_cached(tmp_path):
     wcfg = dict(digits=2, hidden=32, layers=1, heads=2, max_steps=6, eval_every=3, eval_per_carry=4,
-                batch_size=16, stop_acc=[[0, 2.0]])
+                batch_size=16, stop_acc=[[0, 2.0]], **PLAIN)
     a = pretrain(ArithWorldConfig(**wcfg, out_dir=str(tmp_path / "a")), seed=1, progress=False)
     b = pretrain(ArithWorldConfig(**wcfg, out_dir=str(tmp_path / "b")), seed=1, progress=False)
     digest = lambda d: hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
@@ -132,7 +148,8 @@ def test_snapshots_and_padded_batches(tmp_path):
     """``snapshot_steps`` saves loadable worlds along the way without changing the final weights, a
     snapshot equals a build stopped at its step, and ``padded_batches`` trains to other weights of
     the same world (float rounding only)."""
-    wcfg = dict(digits=2, hidden=32, layers=1, heads=2, eval_every=3, eval_per_carry=4, batch_size=16, stop_acc=[])
+    wcfg = dict(digits=2, hidden=32, layers=1, heads=2, eval_every=3, eval_per_carry=4, batch_size=16, stop_acc=[],
+                **PLAIN)
     digest = lambda d: hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()  # noqa: E731
     full = pretrain(ArithWorldConfig(**wcfg, max_steps=6, snapshot_steps=[4], out_dir=str(tmp_path / "a")), 1, False)
     plain = pretrain(ArithWorldConfig(**wcfg, max_steps=6, out_dir=str(tmp_path / "b")), 1, False)
@@ -142,7 +159,8 @@ def test_snapshots_and_padded_batches(tmp_path):
     assert json.loads((snap / "train_info.json").read_text())["steps"] == 4
     assert json.loads((full / "train_info.json").read_text())["steps"] == 6  # stop_acc []: exactly max_steps
     assert pretrain(ArithWorldConfig(**wcfg, max_steps=6, out_dir=str(snap)), 1, False) == snap  # loads as a world
-    padded = pretrain(ArithWorldConfig(**wcfg, max_steps=6, padded_batches=True, out_dir=str(tmp_path / "d")), 1, False)
+    padded = pretrain(ArithWorldConfig(**{**wcfg, "padded_batches": True}, max_steps=6, out_dir=str(tmp_path / "d")), 1,
+                      False)
     assert digest(padded) != digest(plain)
     assert world_hash(ArithWorldConfig(**wcfg, snapshot_steps=[4]), 1) == world_hash(ArithWorldConfig(**wcfg), 1)
 
@@ -178,3 +196,60 @@ def test_world_problems_cli(tmp_path):
     assert len((tmp_path / "pool.jsonl").read_text().splitlines()) == 30
     bad = run_cli([script("soar-world"), "train"], check=False)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_world_registry_and_hooks():
+    """``world=<name>`` resolves through the registry; the hooks ``model.build``, ``data.build`` and
+    ``loop.answer_oracle`` set to ``world`` reach the configured world's methods, and a dotted path
+    still loads its function; a second world is one subclass (here registered in the test)."""
+    from dataclasses import dataclass
+
+    from omegaconf import OmegaConf, open_dict
+
+    import soar
+    from soar.config import WORLD_CONFIGS, ConfigError
+    from soar.worlds.arith import ArithWorld, oracle_answer
+    from soar.worlds.base import WORLDS, World, get_world, hook_world, register_world, resolve_hook
+
+    assert isinstance(get_world("arith"), ArithWorld)
+    with pytest.raises(ConfigError, match="unknown world 'nope'"):
+        get_world("nope")
+    cfg = soar.compose(["experiment=arith_micro"])
+    assert cfg.world.name == "arith" and cfg.model.build == cfg.data.build == cfg.loop.answer_oracle == "world"
+    # 321 + 654 = 975, every number least-significant digit first
+    assert resolve_hook(cfg, "loop.answer_oracle")("123+456") == oracle_answer("123+456") == "5790"
+    assert resolve_hook(cfg, "data.build") == get_world("arith").build_pool
+    assert hook_world(cfg, "data.build") is get_world("arith")
+    with open_dict(cfg):
+        cfg.loop.answer_oracle = "soar.worlds.arith:oracle_answer"  # a dotted path, as older run configs have
+        cfg.data.build = "soar.worlds.arith:build_pool"
+    assert resolve_hook(cfg, "loop.answer_oracle") is oracle_answer
+    assert hook_world(cfg, "data.build") is get_world("arith")
+
+    @dataclass
+    class EchoConfig:
+        name: str = "echo"
+        size: int = 3
+
+    @register_world
+    class EchoWorld(World):
+        name, config_class, families = "echo", EchoConfig, ("pool",)
+
+        def family(self, cfg, family, count, prefix):
+            return [make_problem(i, i, 2, f"{prefix}/{i}") for i in range(count)]
+
+        def family_sizes(self, cfg):
+            return {"pool": self.config(cfg).size}
+
+        def answer_oracle(self, cfg, question):
+            return "echo"
+
+    try:
+        echo = OmegaConf.create(OmegaConf.to_container(cfg))
+        echo.world, echo.loop.answer_oracle = {"name": "echo", "size": 2}, "world"
+        assert resolve_hook(echo, "loop.answer_oracle")("anything") == "echo"
+        assert [p.id for p in get_world("echo").family(echo, "pool", 2, "pool")] == ["pool/0", "pool/1"]
+        assert get_world("echo").config(echo).size == 2
+    finally:
+        WORLDS.pop("echo")
+        WORLD_CONFIGS.pop("echo")

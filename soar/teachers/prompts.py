@@ -5,19 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PAPER_TEACHER_PROMPT = (
-    "You are generating a new math problem for a math assistant.\n"
-    "Allowed topics: Algebra, Counting and Probability, Geometry, Intermediate Algebra, Number Theory, "
-    "Prealgebra, or Precalculus.\n"
-    "Output rules (follow EXACTLY):\n"
-    "- Provide the final formatted problem in this structure: <question>[full math question]<question>"
-    "<answer>\\boxed{[answer]}</answer>\n"
-    "- Any explanations, steps, or reasoning about the problem goes OUTSIDE the <question> and <answer> tags.\n"
-    "Constraints:\n"
-    "- The problem must be original, challenging, and require at least 2--3 steps of reasoning.\n"
-    "- Output exactly ONE problem. You MUST follow the specified format EXACTLY.\n"
-    "Begin now:\n"
-)
+from soar.config import PAPER_TEACHER_PROMPT  # the config default; re-exported here
 
 
 @dataclass(frozen=True)
@@ -32,3 +20,6 @@ def format_pair(question: str, answer: str, fmt: TeacherFormat = TeacherFormat()
     """The well-formed teacher completion for a (question, answer) pair."""
     q, a = fmt.question_tag, fmt.answer_tag
     return f"<{q}>{question}</{q}><{a}>\\boxed{{{answer}}}</{a}>"
+
+
+__all__ = ["PAPER_TEACHER_PROMPT", "TeacherFormat", "format_pair"]

@@ -19,9 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from soar.data import DataError, Problem, render_prompt, write_jsonl
-from soar.generation import SamplingParams
+from soar.data import DataError, Problem, load_problems, render_prompt, write_jsonl
+from soar.generation import SamplingParams, make_generator
+from soar.grading import make_grader
+from soar.models import check_context, model_context, model_fingerprint
 from soar.seeding import derive_seed
+from soar.stage import setup_stage
 
 log = logging.getLogger("soar.filters")
 PROVENANCE_FIELDS = ("model", "template_sha", "sampling", "seed", "k", "grader")
@@ -168,7 +171,8 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
     splits = {"train": records(train_ids), "test": records(test_ids)}
     for name, recs in splits.items():
         write_jsonl(out_dir / f"hard_{name}.jsonl", recs)
-    features = datasets.Features({k: datasets.Value("string") for k in ("id", "question", "answer", "source", "meta", "provenance")})
+    features = datasets.Features({k: datasets.Value("string")
+                                  for k in ("id", "question", "answer", "source", "meta", "provenance")})
     # from_dict, not from_list: datasets 5.2 drops the features of an empty list (an empty split)
     datasets.DatasetDict({k: datasets.Dataset.from_dict({c: [r[c] for r in v] for c in features}, features=features)
                           for k, v in splits.items()}).save_to_disk(
@@ -178,8 +182,8 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
         "hard_train": len(train_ids), "hard_test": len(test_ids),
         "token_overflow_samples": sum(rows[p.id]["overflow"] for p in problems),
         "grading_errors": sum(rows[p.id].get("grading_errors", 0) for p in problems),
-        "mixed_prob_group_mixed": {str(g): float(np.mean([prob_group_mixed(p, g) for p in mixed_rates])) if mixed_rates else None
-                                   for g in f.mixed_group_sizes},
+        "mixed_prob_group_mixed": {str(g): float(np.mean([prob_group_mixed(p, g) for p in mixed_rates]))
+                                   if mixed_rates else None for g in f.mixed_group_sizes},
         "throughput_this_session": throughput, "provenance": provenance,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -189,30 +193,19 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
 
 def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress: bool = True) -> dict:
     """Check prompts fit the context, then fail@k with the configured backend and grader."""
-    from soar.generation import make_generator
-    from soar.grading import make_grader
-    from soar.models import check_context, model_context, model_fingerprint
-
     check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
                   cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
-    return run_filter(problems, make_generator(cfg, "filter", model, tokenizer, pristine=True), make_grader(cfg.data.grader), cfg,
-                      out_dir, {"model": model_fingerprint(cfg.model)}, progress=progress)
+    return run_filter(problems, make_generator(cfg, "filter", model, tokenizer, pristine=True),
+                      make_grader(cfg.data.grader), cfg, out_dir, {"model": model_fingerprint(cfg.model)}, progress=progress)
 
 
 def run_filter_stage(cfg) -> dict:
     """The ``soar-filter`` stage: load model and questions, validate, run, write the hard set."""
-    from soar.config import validate
-    from soar.data import load_problems
-    from soar.models import load_model, load_tokenizer, set_threads
-    from soar.run import RunDir
-
-    validate(cfg, "filter")
-    set_threads(cfg.run.threads)
-    run = RunDir(cfg, "filter")
+    stage = setup_stage(cfg, "filter")
     try:
-        tokenizer, model = load_tokenizer(cfg.model), load_model(cfg.model)
-        summary = filter_to_hard_set(cfg, load_problems(cfg.data), model, tokenizer, run.path, cfg.run.progress)
+        summary = filter_to_hard_set(cfg, load_problems(cfg.data), stage.model, stage.tokenizer, stage.run.path,
+                                     cfg.run.progress)
         print(json.dumps({k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test")}))
         return summary
     finally:
-        run.close()
+        stage.close()

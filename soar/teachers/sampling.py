@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from soar.generation import SamplingParams
 from soar.seeding import derive_seed
-from teachers.parse import REJECT_REASONS, Pair
+from soar.teachers.parse import REJECT_REASONS, Pair
 
 
 @dataclass

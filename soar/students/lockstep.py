@@ -25,14 +25,21 @@ import numpy as np
 from soar.faults import maybe_die
 from soar.generation import generate_many, make_generator
 from soar.seeding import derive_seed
-from students.trainer import (GOLD_METRICS, RLOOTrainer, StudentResult, batch_indices, correctness_request,
-                              gold_scores, grade_correctness)
+from soar.students.trainer import (
+    GOLD_METRICS,
+    RLOOTrainer,
+    StudentResult,
+    batch_indices,
+    correctness_request,
+    gold_scores,
+    grade_correctness,
+)
 
 _BASELINES = itertools.count()
 
 
 class LockstepStudents:
-    """A student executor (see ``students.pool.make_students``) that batches generation across students."""
+    """A student executor (see ``soar.students.pool.make_students``) that batches generation across students."""
 
     def __init__(self, cfg, tokenizer, grader, template: str):
         self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
@@ -55,8 +62,9 @@ class LockstepStudents:
         seeds = [derive_seed(cfg.seed, "student", *task.key) for task in tasks]
         trainers = []
         for task, seed, gen in zip(tasks, seeds, self.generators("student", len(tasks))):
-            trainers.append(RLOOTrainer(copy.deepcopy(baseline), self.tokenizer, self.grader, task.student_config(cfg.student),
-                                        self.template, seed, batch_size=cfg.backend.batch_size, generator=gen))
+            trainers.append(RLOOTrainer(copy.deepcopy(baseline), self.tokenizer, self.grader,
+                                        task.student_config(cfg.student), self.template, seed,
+                                        batch_size=cfg.backend.batch_size, generator=gen))
         histories = [[] for _ in tasks]
         for step in range(max(task.inner_steps for task in tasks)):
             active = [i for i, task in enumerate(tasks) if step < task.inner_steps]

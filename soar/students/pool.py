@@ -30,7 +30,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from soar.faults import maybe_die
+from soar.generation import make_generator
+from soar.grading import make_grader
+from soar.models import export_policy, save_policy
 from soar.seeding import derive_seed
+from soar.students import trainer  # trainer.train_student looked up per call (benchmarks/outer_step.py times it)
+from soar.students.lockstep import LockstepStudents
+from soar.students.trainer import StudentResult
+
+# ray, torch and omegaconf are imported inside the worker and pool methods: a run without a pool
+# (resources.num_workers=0) never starts or imports Ray.
 
 log = logging.getLogger("soar.pool")
 
@@ -80,20 +89,17 @@ class StudentRunner:
     """Trains one student task against a baseline: the same code in the driver and in every worker."""
 
     def __init__(self, cfg, tokenizer, grader, template: str):
-        from soar.generation import make_generator
-
         self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
         self.rollout_gen = make_generator(cfg, "student", None, tokenizer)
         self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
 
     def run(self, baseline, task: StudentTask, reward_questions):
-        from students.trainer import train_student
-
         cfg = self.cfg
-        return train_student(baseline, self.tokenizer, self.grader, list(task.problems), task.student_config(cfg.student),
-                             self.template, derive_seed(cfg.seed, "student", *task.key), {"qr": reward_questions},
-                             cfg.inner.accuracy_samples, cfg.backend.batch_size, self.rollout_gen, self.eval_gen,
-                             cfg.inner.reward_metric, cfg.inner.gold_completion)
+        return trainer.train_student(baseline, self.tokenizer, self.grader, list(task.problems),
+                                     task.student_config(cfg.student), self.template,
+                                     derive_seed(cfg.seed, "student", *task.key), {"qr": reward_questions},
+                                     cfg.inner.accuracy_samples, cfg.backend.batch_size, self.rollout_gen, self.eval_gen,
+                                     cfg.inner.reward_metric, cfg.inner.gold_completion)
 
 
 class InProcessStudents:
@@ -125,8 +131,6 @@ class StudentWorker:
         import ray
         import torch
         from omegaconf import OmegaConf
-
-        from soar.grading import make_grader
 
         torch.set_num_threads(threads)
         cfg = OmegaConf.create(cfg_container)
@@ -185,13 +189,9 @@ class RemoteStudent:
         return self.pool.call_kept(self.key, "generate", prompts, params)
 
     def export_model(self):
-        from students.trainer import export_policy
-
         return export_policy(self.policy())
 
     def save_pretrained(self, out_dir) -> None:
-        from students.trainer import save_policy
-
         save_policy(self.policy(), self.tokenizer, out_dir)
 
 
@@ -250,8 +250,6 @@ class StudentPool:
     def run(self, tasks: list[StudentTask], baseline, reward_questions, progress=None) -> list:
         """Train ``tasks`` on the pool; results (``StudentResult`` with a ``RemoteStudent``) in task order."""
         import ray
-
-        from students.trainer import StudentResult
 
         if baseline is not self.baseline:  # a promotion (or the first step): the only weight transfer
             self.baseline, self.baseline_ref = baseline, ray.put(baseline)
@@ -323,11 +321,9 @@ class StudentPool:
 
 def make_students(cfg, tokenizer, grader, template: str):
     """The run's student executor: ``StudentPool`` when ``resources.num_workers`` > 0, the lockstep
-    multi-LoRA students (``students.lockstep``) when ``resources.lockstep``, else in-process."""
+    multi-LoRA students (``soar.students.lockstep``) when ``resources.lockstep``, else in-process."""
     if cfg.resources.num_workers > 0:
         return StudentPool(cfg, tokenizer, grader)
     if cfg.resources.lockstep:
-        from students.lockstep import LockstepStudents
-
         return LockstepStudents(cfg, tokenizer, grader, template)
     return InProcessStudents(StudentRunner(cfg, tokenizer, grader, template))

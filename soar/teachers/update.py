@@ -15,11 +15,11 @@ import torch
 
 from soar.data import render_prompt
 from soar.generation import SamplingParams, make_generator
-from students.rloo import rloo_advantages
-from students.trainer import RLOOTrainer
-from teachers.parse import Reject, parse_pair
-from teachers.prompts import TeacherFormat
-from teachers.sampling import Rollout, sample_valid
+from soar.students.rloo import rloo_advantages
+from soar.students.trainer import RLOOTrainer
+from soar.teachers.parse import Reject, parse_pair
+from soar.teachers.prompts import TeacherFormat
+from soar.teachers.sampling import Rollout, sample_valid
 
 
 def dataset_advantages(rewards_K) -> np.ndarray:
@@ -43,7 +43,8 @@ class TeacherPolicy:
         pair = parse_pair(text, self.fmt, answer_ok=self.grader.parseable)
         if isinstance(pair, Reject):
             return pair
-        prompt_len = len(self.tokenizer(render_prompt(self.student_template, pair.question), add_special_tokens=False).input_ids)
+        prompt = render_prompt(self.student_template, pair.question)
+        prompt_len = len(self.tokenizer(prompt, add_special_tokens=False).input_ids)
         if prompt_len + self.cfg.student.max_tokens > self.student_context:
             return Reject("question_too_long")
         return pair

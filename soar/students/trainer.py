@@ -13,18 +13,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import sys
 import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from soar.data import render_prompt
-from soar.generation import HFGenerator, SamplingParams
+from soar.data import load_problems, render_prompt
+from soar.generation import HFGenerator, SamplingParams, correctness, correctness_request, grade_correctness  # noqa: F401
+from soar.grading import make_grader
+from soar.models import export_policy, is_peft, load_model, save_policy  # noqa: F401  (is_peft: re-exported)
+from soar.run import MetricsLogger
 from soar.seeding import derive_seed
-from students.rloo import pack_completion_values, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
+from soar.stage import setup_stage
+from soar.students.rloo import pack_completion_values, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
 
 log = logging.getLogger("soar.students")
 
@@ -37,22 +41,6 @@ def batch_indices(n_items: int, step: int, per_step: int, seed: int) -> list[int
         perm = np.random.default_rng(derive_seed(seed, "batch_order", epoch)).permutation(n_items)
         out.append(int(perm[offset]))
     return out
-
-
-def correctness(generator, grader, problems, template: str, max_tokens: int, stop=(), samples: int = 0,
-                seed: int = 0, temperature: float = 1.0) -> list[float]:
-    """Per problem: greedy correctness (``samples`` 0, the paper's Acc) or the fraction of
-    ``samples`` samples at ``temperature`` that are correct (a lower-variance alternative)."""
-    prompts, params = correctness_request(problems, template, max_tokens, stop, samples, seed, temperature)
-    return grade_correctness(grader, problems, generator.generate(prompts, params))
-
-
-def correctness_request(problems, template: str, max_tokens: int, stop=(), samples: int = 0, seed: int = 0,
-                        temperature: float = 1.0) -> tuple[list[str], SamplingParams]:
-    """The prompts and sampling parameters ``correctness`` generates with."""
-    prompts = [render_prompt(template, p.question) for p in problems]
-    return prompts, SamplingParams(n=max(samples, 1), greedy=samples == 0, temperature=temperature,
-                                   max_tokens=max_tokens, stop=tuple(stop), seed=seed)
 
 
 @torch.no_grad()
@@ -97,12 +85,6 @@ def problem_scores(metric: str, model, tokenizer, generator, grader, problems, t
     generator.sync_weights(model)
     return correctness(generator, grader, problems, template, student_cfg.eval_max_tokens or student_cfg.max_tokens,
                        tuple(student_cfg.stop), inner_cfg.accuracy_samples, seed)
-
-
-def grade_correctness(grader, problems, outs) -> list[float]:
-    grades = grader.grade_batch([s.text for o in outs for s in o], [p.answer for p, o in zip(problems, outs) for _ in o])
-    flat = np.array([g.correct for g in grades], dtype=float).reshape(len(problems), -1)
-    return flat.mean(-1).tolist()
 
 
 @dataclass
@@ -337,28 +319,6 @@ class RLOOTrainer:
         save_policy(self.model, self.tokenizer, out_dir)
 
 
-def export_policy(model):
-    """A standalone copy of a policy: a peft model's adapter merged into a copy of its base."""
-    import copy
-
-    if is_peft(model):
-        return copy.deepcopy(model).merge_and_unload()
-    return copy.deepcopy(model)
-
-
-def is_peft(model) -> bool:
-    peft = sys.modules.get("peft")  # never imported: cannot be a peft model (and no import cost)
-    return peft is not None and isinstance(model, peft.PeftModel)
-
-
-def save_policy(model, tokenizer, out_dir) -> None:
-    """HF-format policy (merged) plus the adapter itself under ``adapter/`` for a peft model."""
-    if is_peft(model):
-        model.save_pretrained(str(out_dir) + "/adapter")
-    export_policy(model).save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-
-
 @dataclass
 class StudentResult:
     correct: dict[str, list[float]]
@@ -370,7 +330,7 @@ class StudentResult:
     """Per-step trainer metrics."""
     trainer: "RLOOTrainer"
     """The trained student (kept until the caller decides, e.g. promotion); with the Ray pool a
-    ``students.pool.RemoteStudent`` standing in for it (same ``sampler``/``export_model``/``save_pretrained``)."""
+    ``soar.students.pool.RemoteStudent`` standing in for it (same ``sampler``/``export_model``/``save_pretrained``)."""
     worker: dict | None = None
     """Where it ran: ``pid``, ``node_id``, ``worker`` (pool slot; None in-process), ``attempts``."""
 
@@ -401,26 +361,14 @@ def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_tem
 
 def run_rl(cfg) -> dict:
     """The ``soar-rl`` stage: train one student on a question file, with resume and metrics."""
-    from tqdm.auto import tqdm
-
-    from soar.config import validate
-    from soar.data import load_problems
-    from soar.grading import make_grader
-    from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
-    from soar.run import MetricsLogger, RunDir
-
-    validate(cfg, "rl")
-    set_threads(cfg.run.threads)
-    run = RunDir(cfg, "rl")
+    stage = setup_stage(cfg, "rl")
+    run, tokenizer, model = stage.run, stage.tokenizer, stage.model
     try:
-        tokenizer = load_tokenizer(cfg.model)
-        model = load_model(cfg.model)
         problems = load_problems(cfg.data)
         eval_problems = load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else []
         s = cfg.student
         prompts = [render_prompt(cfg.data.prompt_template, p.question) for p in problems + eval_problems]
-        check_context(tokenizer, prompts, max(s.max_tokens, s.eval_max_tokens or 0),
-                      model_context(model, cfg.model), "student.max_tokens")
+        stage.check_prompts(prompts, max(s.max_tokens, s.eval_max_tokens or 0), "student.max_tokens")
         ref = load_model(cfg.model) if s.lora.r == 0 and s.kl_coef > 0 else None
         trainer = RLOOTrainer(model, tokenizer, make_grader(cfg.data.grader), s, cfg.data.prompt_template,
                               cfg.seed, ref_model=ref, batch_size=cfg.backend.batch_size)
@@ -462,4 +410,4 @@ def run_rl(cfg) -> dict:
         metrics_log.close()
         return summary
     finally:
-        run.close()
+        stage.close()

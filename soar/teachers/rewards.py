@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from soar.data import Problem
+from soar.generation import correctness, make_generator
 from soar.seeding import derive_seed
-from students.trainer import StudentResult, correctness
+from soar.students.pool import StudentTask, make_students
+from soar.students.trainer import StudentResult
 
 
 def intrinsic_question_reward(s: float, kind: str) -> float:
@@ -48,18 +50,14 @@ def as_problems(rollouts, step: int, group: int, k: int) -> list[Problem]:
 
 
 class GroundedReward:
-    """r students per dataset, trained by ``students.pool`` (in-process, or a Ray worker pool)."""
+    """r students per dataset, trained by ``soar.students.pool`` (in-process, or a Ray worker pool)."""
 
     def __init__(self, cfg, tokenizer, grader, template: str):
-        from students.pool import make_students
-
         self.cfg = cfg
         self.students = make_students(cfg, tokenizer, grader, template)
 
     def __call__(self, datasets_K: list[list[Problem]], baseline, reward_questions: list[Problem],
                  base_acc: float, step: int, group: int, inner_steps: int, progress=None) -> GroupRewards:
-        from students.pool import StudentTask
-
         r = self.cfg.inner.replicates
         tasks = [StudentTask(step, group, k, j, tuple(dataset), inner_steps)
                  for k, dataset in enumerate(datasets_K) for j in range(r)]
@@ -89,8 +87,6 @@ class GroundedReward:
 
 class IntrinsicReward:
     def __init__(self, cfg, tokenizer, grader, template: str):
-        from soar.generation import make_generator
-
         self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
         self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from soar.grading import extract_boxed
-from teachers.prompts import TeacherFormat
+from soar.teachers.prompts import TeacherFormat
 
 REJECT_REASONS = ("no_tags", "empty_question", "bad_characters", "answer_in_question", "no_box",
                   "unbalanced_braces", "unparseable_answer", "question_too_long")

@@ -1,0 +1,78 @@
+"""One setup for the stages that load a model (``soar-rl``, ``soar-train``, ``soar-estimate``,
+``soar-eval``): check the config, set torch's threads, build or find the model (``model.build``), run
+the stage's own checks, open the run directory, load the tokenizer and (optionally) the model.
+``check_prompts`` is the context check every stage applies to the prompts it will generate from.
+
+    stage = setup_stage(cfg, "rl")
+    try:
+        stage.check_prompts(student_prompts, cfg.student.max_tokens, "student.max_tokens")
+        ...
+    finally:
+        stage.close()
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from soar.config import validate
+from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
+from soar.run import RunDir
+from soar.worlds.base import resolve_hook
+
+
+def resolve_model_path(cfg) -> None:
+    """Fill ``model.path`` from ``model.build`` when it is null (e.g. the world's cached pretraining)."""
+    if not cfg.model.path and cfg.model.build:
+        from omegaconf import open_dict  # lazy: the trainer imports this module on bare GPU images
+
+        path = resolve_hook(cfg, "model.build")(cfg)
+        with open_dict(cfg):
+            cfg.model.path = str(path)
+
+
+@dataclass
+class Stage:
+    """What ``setup_stage`` opened: the run directory, the tokenizer and the base model (None when
+    not loaded), and the seconds it took."""
+
+    cfg: Any
+    run: RunDir
+    tokenizer: Any
+    model: Any = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def context(self) -> int:
+        """The model's context length (``model.max_context``, else the model config's)."""
+        return model_context(self.model, self.cfg.model)
+
+    def check_prompts(self, prompts: list[str], max_tokens: int, where: str) -> int:
+        """Fail early (``ConfigError`` naming ``where``) when the longest prompt plus ``max_tokens``
+        exceeds the model's context; returns the longest prompt's length in tokens."""
+        return check_context(self.tokenizer, prompts, max_tokens, self.context, where)
+
+    def close(self) -> None:
+        self.run.close()
+
+
+def setup_stage(cfg, stage: str, load_base: bool = True, checks: Callable[[], None] | None = None) -> Stage:
+    """Validate ``cfg`` for ``stage`` (``soar.config.validate``), set threads, resolve ``model.build``,
+    run ``checks`` (the stage's own, before anything is written), open the run dir, load the tokenizer
+    and, with ``load_base``, the model. The caller closes the returned ``Stage``."""
+    t0 = time.perf_counter()
+    validate(cfg, stage)
+    set_threads(cfg.run.threads)
+    resolve_model_path(cfg)  # may pretrain the world model once (it is cached afterwards)
+    if checks is not None:
+        checks()
+    run = RunDir(cfg, stage)
+    try:
+        tokenizer = load_tokenizer(cfg.model)
+        model = load_model(cfg.model) if load_base else None
+    except BaseException:
+        run.close()
+        raise
+    return Stage(cfg, run, tokenizer, model, {"setup_s": time.perf_counter() - t0})

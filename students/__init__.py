@@ -1,7 +1,0 @@
-"""Student training: the RLOO trainer (``students.trainer``) and its pure pieces (``students.rloo``)."""
-
-from students.rloo import k3_kl, rloo_advantages, rloo_loss
-from students.trainer import RLOOTrainer, StudentResult, batch_indices, run_rl, train_student
-
-__all__ = ["RLOOTrainer", "StudentResult", "batch_indices", "k3_kl", "rloo_advantages", "rloo_loss", "run_rl",
-           "train_student"]
