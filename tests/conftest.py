@@ -64,7 +64,6 @@ def script(name: str) -> str:
 
 from slurm_cluster import slurm_cluster  # noqa: E402,F401  (a real two-node SLURM for tests/test_slurm.py)
 
-
 # Subprocesses find this interpreter's console scripts and ``python`` first (the SLURM jobs' sbatch
 # script calls ``python`` and ``soar-train`` by name), also in a virtualenv run without activating it.
 _BIN = str(Path(sys.executable).parent)
