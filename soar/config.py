@@ -308,7 +308,7 @@ class InnerConfig:
     completion (``gold_completion``), exact from one forward pass: the expected sampled accuracy
     without sampling noise; or ``gold_logprob``, the mean log-probability of the gold completion
     (nats), which still moves while every probability is near 0 (the hard set fails 0/128) and is
-    the least noisy of the three in the embedded world (README, "The embedded world")."""
+    the least noisy of the three in the embedded world (docs/world.md)."""
     gold_completion: str = "\\boxed{{answer}}"
     """The gold completion the ``gold_*`` metrics score, with ``{answer}`` filled in: the answer as the
     grader's reference format writes it (the world's completions are exactly ``\\boxed{sum}``)."""

@@ -1,6 +1,6 @@
 """A real two-node SLURM cluster on this one host, for ``tests/test_slurm.py`` (fixture ``slurm_cluster``).
 
-Debian's ``slurmctld``/``slurmd`` (``bash scripts/install.sh test-slurm`` installs them with apt; the
+Debian's ``slurmctld``/``slurmd`` (``bash scripts/install.sh cpu test-slurm`` installs them with apt; the
 tests never install anything: without them they skip, saying why, or fail where
 ``SOAR_REQUIRE_SLURM=1``, as ``.ci/run`` sets it) run by hand, without systemd or munge: ``AuthType=auth/none``,
 ``CredType=cred/none``, ``ProctrackType=proctrack/cgroup`` (cgroup v1; with ``proctrack/pgid``
@@ -41,7 +41,7 @@ def slurm_missing() -> str | None:
     missing = [b for b in ("slurmctld", "slurmd", "sbatch") if not (shutil.which(b) or Path(f"/usr/sbin/{b}").exists())]
     if not missing:
         return None
-    return (f"SLURM is not installed ({', '.join(missing)} not found); `bash scripts/install.sh test-slurm` "
+    return (f"SLURM is not installed ({', '.join(missing)} not found); `bash scripts/install.sh cpu test-slurm` "
             f"installs Debian's {' '.join(PACKAGES)} with apt (as root)")
 
 

@@ -48,7 +48,7 @@ class ArithWorldConfig:
     sequence: the frontier then sits where 7-8-carry stepping stones unlock 12-carry sums (measured:
     +0.29 on hard train after 8 RLOO steps, 0 for carry-free controls, +0.06 for the hard set
     itself), the base student fails 288 of 300 12-carry sums 0/128, and the base teacher is right on
-    63 % of its pairs (README). ``soar-world pretrain`` rebuilds it (~8 minutes on 2 cores) and
+    63 % of its pairs (docs/world.md). ``soar-world pretrain`` rebuilds it (~8 minutes on 2 cores) and
     ``scripts/rebuild_world.py`` checks the rebuild against the shipped copy."""
 
     name: str = "arith"
@@ -83,7 +83,7 @@ class ArithWorldConfig:
     but the sum and one addend first and the other addend worked out by subtraction (``s-a=b``), so the
     question and its answer are copies: the teacher constructs a problem from its answer, by an operation
     the student's format never uses. Experiments for teacher
-    answers learned at every carry count (``teacher_answer_max_carries: null``); measured in the README,
+    answers learned at every carry count (``teacher_answer_max_carries: null``); measured in docs/world.md,
     "The embedded world". Adds ``digits + 8`` tokens each: raise ``teacher.max_tokens`` (112 for 12 digits,
     132 for ``both``)."""
     hard_carries: list[int] = field(default_factory=lambda: [12])
