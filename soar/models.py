@@ -117,7 +117,9 @@ def check_context(tokenizer, prompts: list[str], max_tokens: int, context: int, 
     """Fail early if the longest prompt plus the generation budget exceeds the model context."""
     from soar.config import ConfigError
 
-    longest = max((len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts), default=0)
+    from soar.tokens import encode_prompts
+
+    longest = max((len(ids) for ids in encode_prompts(tokenizer, prompts)), default=0)  # BOS included
     if longest + max_tokens > context:
         raise ConfigError(
             f"config error: {where}: longest prompt ({longest} tokens) + max tokens ({max_tokens}) = "

@@ -25,6 +25,7 @@ import numpy as np
 from soar.faults import maybe_die
 from soar.generation import generate_many, make_generator
 from soar.seeding import derive_seed
+from students.pool import keep_policy_only
 from students.trainer import (GOLD_METRICS, RLOOTrainer, StudentResult, batch_indices, correctness_request,
                               gold_scores, grade_correctness)
 
@@ -83,6 +84,8 @@ class LockstepStudents:
                                                            cfg.inner.accuracy_samples, derive_seed(seed, "eval"))))
             correct_S = [grade_correctness(self.grader, reward_questions, outs) for outs in generate_many(requests)]
         results = []
+        for trainer in trainers:  # trained and scored: the policies are all the step needs from here on
+            keep_policy_only(trainer)
         for task, trainer, history, correct_qr in zip(tasks, trainers, histories, correct_S):
             correct = {"qr": correct_qr}
             results.append(StudentResult(correct, {"qr": float(np.mean(correct["qr"]))}, history, trainer,

