@@ -32,6 +32,7 @@ def check_run(run_dir, summary, steps: int = 2) -> list[dict]:
     for r in rows:
         assert 0 < r["teacher/valid_frac"] <= 1
         assert "student/inner_reward_mean" in r and "teacher/pg_loss" in r and r["teacher/skipped_zero_adv"] == 0
+        assert r["student/inner_skipped_frac"] == 0  # every student's backward ran
         assert r["compute/student_steps"] == 2 * 2 * r["student/inner_steps"]  # g * r * K
     assert [r["student/inner_steps"] for r in rows] == [1, 2][:steps]  # K +1 per promotion
     pq = [json.loads(line) for line in (run_dir / "pq.jsonl").read_text().splitlines()]
