@@ -112,13 +112,13 @@ def new_model(shape: str = "tiny", seed: int = 0, dtype=None, device=None, max_p
 
 
 def write_model(out_dir, shape: str = "tiny", seed: int = 0, dtype: str = "float32", pad: str | None = None,
-                max_positions: int | None = None) -> Path:
+                max_positions: int | None = None, device=None) -> Path:
     """A random-weight model folder (config, generation config, weights, tokenizer), loadable by
-    ``soar.models.load_model`` and by vLLM."""
+    ``soar.models.load_model`` and by vLLM; ``device``: where to initialise (a GPU: seconds at 3B)."""
     import torch
 
     out = Path(out_dir)
-    model = new_model(shape, seed, getattr(torch, dtype), max_positions=max_positions)
+    model = new_model(shape, seed, getattr(torch, dtype), device=device, max_positions=max_positions)
     model.save_pretrained(out)
     write_tokenizer(out, pad)
     return out
