@@ -129,7 +129,8 @@ def scale_to_paper(row: dict, sizes: dict, valid_frac: float) -> dict:
     """The measured step's phase times at the paper's sizes (linear in the work of each phase)."""
     p, s = PAPER, sizes
     students = (p["g"] * p["r"] * p["k"]) / (s["g"] * s["r"] * s["k"])
-    rollout_tokens = (p["questions"] * p["group"] * p["student_tokens"]) / (s["questions"] * s["group"] * s["student_tokens"])
+    rollout_tokens = ((p["questions"] * p["group"] * p["student_tokens"])
+                      / (s["questions"] * s["group"] * s["student_tokens"]))
     qr = (p["m"] * p["student_tokens"]) / (s["m"] * s["student_tokens"]) * (p["g"] * p["r"]) / (s["g"] * s["r"])
     teacher = (p["g"] * p["n"] * p["teacher_tokens"]) / (s["g"] * s["n"] * s["teacher_tokens"])
     factors = {"teacher_sample": teacher / valid_frac, "teacher_update": teacher,

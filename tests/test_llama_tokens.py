@@ -127,8 +127,8 @@ def test_hf_conditions_on_the_trainer_ids_and_stops_on_every_eos(llama, pad):
 def test_trainer_rollouts_and_gold_scores_use_the_sampled_ids(llama):
     from soar.data import Problem
     from soar.grading import make_grader
-    from students.trainer import RLOOTrainer, gold_logprobs
     from students.rloo import pack_sequences, token_logprobs
+    from students.trainer import RLOOTrainer, gold_logprobs
 
     cfg, tok, model = llama
     problems = [Problem(f"p{i}", q, "42") for i, q in enumerate(QUESTIONS[:2])]

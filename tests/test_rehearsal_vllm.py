@@ -7,13 +7,12 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-import torch
+from test_llama_tokens import BOS, END_OF_TEXT, EOM, EOT, prompts, swapped
+from test_rehearsal import check_run, rehearsal_cfg
 
 import soar
 from soar.generation import HFGenerator, SamplingParams
 from soar.tokens import encode_prompts
-from test_llama_tokens import BOS, END_OF_TEXT, EOM, EOT, prompts, swapped
-from test_rehearsal import check_run, rehearsal_cfg
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
@@ -58,7 +57,8 @@ def test_vllm_conditions_on_the_trainer_ids_and_stops_like_hf(engine_cfg, tmp_pa
             assert max(abs(a - b) for a, b in zip(vs.logprobs, hs.logprobs)) < 1e-3
     # Without soar's token ids, vLLM would put its own BOS on a text prompt (what the trainers did not score).
     out = gen.engine.llm.generate(texts[:1], use_tqdm=False)[0]
-    assert out.prompt_token_ids[0] == BOS and list(out.prompt_token_ids[1:]) == tok(texts[0], add_special_tokens=False).input_ids
+    assert out.prompt_token_ids[0] == BOS
+    assert list(out.prompt_token_ids[1:]) == tok(texts[0], add_special_tokens=False).input_ids
 
 
 def test_paper_rehearsal_on_vllm(engine_cfg, tmp_path):
