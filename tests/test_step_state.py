@@ -5,6 +5,7 @@ full-FT reference copy) until the outer step ended (~4 model copies x g*r studen
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 
 import pytest
@@ -71,12 +72,18 @@ def test_two_groups_per_step_report_both_groups(tiny_model_dir, tmp_path, monkey
         return out
 
     monkeypatch.setattr(GroundedReward, "__call__", spy)
-    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", f"run.dir={tmp_path}", "loop.steps=1",
-                        "teacher.groups_per_step=2", "run.progress=false", "loop.diversity_model=null"])
-    soar.train(cfg)
-    import json
+    from soar.worlds.arith import generate_problems
 
-    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    hard = tmp_path / "hard.jsonl"  # given, so the run builds no hard set
+    hard.write_text("".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer,
+                                        "split": "train" if i < 8 else "test"}) + "\n"
+                            for i, p in enumerate(generate_problems(3, 3, 12, seed=7, prefix="hard"))))
+    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'run'}",
+                        f"loop.hard_set={hard}", "loop.steps=1",
+                        "teacher.groups_per_step=2", "run.progress=false", "loop.diversity_model=null",
+                        "student.max_steps=1", "inner.replicates=1"])  # 2 groups x 2 students x 1 inner step
+    soar.train(cfg)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert len(seen) == 2 and seen[0]["student/inner_reward_mean"] != seen[1]["student/inner_reward_mean"]
     assert row["student/inner_reward_mean"] == pytest.approx((seen[0]["student/inner_reward_mean"]
                                                               + seen[1]["student/inner_reward_mean"]) / 2)
