@@ -8,6 +8,8 @@ from ``LlamaConfig``) it measures, with the project's own ``RLOOTrainer``:
 3. peft multi-adapter forward: one mixed batch over 4 adapters (``adapter_names=``) vs 4 batches.
 
     python benchmarks/gpu_check.py --out $OUT/gpu_check.json                     # H100/H200, ~5 min
+    python benchmarks/gpu_check.py --questions 8 --lora-variants all,all_bf16,attn,attn_bf16 \
+        --out $OUT/gpu_check_lora.json                                            # LoRA's slowness, ~6 min
     python benchmarks/gpu_check.py --shape tiny --device cpu --out /tmp/gpu.json  # the CPU smoke (CI)
 """
 
@@ -57,7 +59,18 @@ def new_model(args):
     return model.to(dtype=getattr(torch, args.dtype))
 
 
-def inner_step(args, lora_r: int) -> dict:
+LORA_VARIANTS = {
+    # name: (target modules, dropout, peft autocast_adapter_dtype). "all" is soar's default (student.lora.*).
+    "all": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 0.0, True),
+    "all_bf16": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 0.0, False),
+    "attn": (["q_proj", "k_proj", "v_proj", "o_proj"], 0.0, True),
+    "attn_bf16": (["q_proj", "k_proj", "v_proj", "o_proj"], 0.0, False),
+    "all_dropout": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 0.05, True),
+}
+"""LoRA settings to time against full fine-tuning (``--lora-variants``): suspects of LoRA's 1.29x."""
+
+
+def inner_step(args, lora_r: int, variant: str = "all") -> dict:
     """``RLOOTrainer.update`` on random rollouts: the student's forward/backward + optimiser step."""
     from soar.config import LoraConfig, StudentConfig
     from soar.students.trainer import RLOOTrainer
@@ -65,7 +78,10 @@ def inner_step(args, lora_r: int) -> dict:
     reset_peak(args.device)
     cfg = StudentConfig(questions_per_step=args.questions, group_size=args.group, lr=1e-5 if lora_r == 0 else 1e-4,
                         kl_coef=0.001, max_steps=args.steps + 1, micro_batch_size=args.micro_batch,
-                        max_grad_norm=1.0, skip_zero_adv=False, lora=LoraConfig(r=lora_r, alpha=2 * max(lora_r, 1)))
+                        max_grad_norm=1.0, skip_zero_adv=False,
+                        lora=LoraConfig(r=lora_r, alpha=2 * max(lora_r, 1), target_modules=LORA_VARIANTS[variant][0],
+                                        dropout=LORA_VARIANTS[variant][1],
+                                        autocast_adapter_dtype=LORA_VARIANTS[variant][2]))
     model = new_model(args)
     ref = new_model(args) if lora_r == 0 else None
     trainer = RLOOTrainer(model, SimpleNamespace(pad_token_id=0), None, cfg, "{question}", 0, ref_model=ref)
@@ -84,7 +100,9 @@ def inner_step(args, lora_r: int) -> dict:
                       "optimizer_s": stats["optimizer_s"]})
     steady = times[1:]
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    out = {"lora_r": lora_r, "trainable_params": trainable, "peak_gb": peak_gb(args.device),
+    dtypes = sorted({str(p.dtype) for p in trainer.model.parameters() if p.requires_grad})
+    out = {"lora_r": lora_r, "lora_variant": variant if lora_r else None, "trainable_dtypes": dtypes,
+           "trainable_params": trainable, "peak_gb": peak_gb(args.device),
            "tokens_per_step": n * (args.prompt_len + args.completion_len),
            **{k: sum(t[k] for t in steady) / len(steady) for k in steady[0]}, "steps": times}
     del trainer, model, ref
@@ -168,6 +186,9 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2, help="measured steps after one warm-up step")
     ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--lora-variants", default="all",
+                    help=f"comma-separated LoRA settings to time ({', '.join(LORA_VARIANTS)}); the first is "
+                         "inner_step_lora, the others inner_step_lora_<name>")
     ap.add_argument("--gen-batch", type=int, default=64)
     ap.add_argument("--gen-tokens", type=int, default=256)
     ap.add_argument("--out", default="gpu_check.json")
@@ -189,6 +210,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     parts = {"inner_step_full": lambda: inner_step(args, 0), "inner_step_lora": lambda: inner_step(args, args.lora_r),
              "generation": lambda: generation(args), "multi_adapter_forward": lambda: multi_adapter_forward(args)}
+    variants = args.lora_variants.split(",")
+    parts["inner_step_lora"] = lambda: inner_step(args, args.lora_r, variants[0])
+    for name in variants[1:]:
+        parts[f"inner_step_lora_{name}"] = lambda name=name: inner_step(args, args.lora_r, name)
     for name, fn in parts.items():  # each part on its own: one failure (e.g. OOM) keeps the others
         t0 = time.perf_counter()
         try:
@@ -202,6 +227,10 @@ def main() -> None:
         full, lora = result["inner_step_full"], result["inner_step_lora"]
         result["lora_over_full"] = {"step_time": lora["total_s"] / full["total_s"],
                                     "peak_memory": (lora["peak_gb"] / full["peak_gb"]) if full["peak_gb"] else None}
+        for name in variants[1:]:
+            other = result[f"inner_step_lora_{name}"]
+            if "error" not in other:
+                result["lora_over_full"][name] = other["total_s"] / full["total_s"]
     out.write_text(json.dumps(result, indent=2))
     print("wrote", out)
 

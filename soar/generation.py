@@ -15,6 +15,7 @@ import torch
 
 from soar.data import render_prompt
 from soar.samples import Generator, Sample, SamplingParams
+from soar.tokens import encode_prompts, stop_token_ids
 from soar.vllm_backend import VLLMGenerator, engine_for, generate_together  # vllm itself is imported on first use
 
 
@@ -48,7 +49,9 @@ class HFGenerator:
     def _generate_batch(self, prompts: list[str], params: SamplingParams) -> list[Sample]:
         tok = self.tokenizer
         tok.padding_side = "left"
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+        # The ids the trainers score (BOS once, as vLLM's): soar.tokens.encode_prompts, left-padded.
+        enc = tok.pad({"input_ids": encode_prompts(tok, prompts)}, return_tensors="pt").to(self.model.device)
+        stop_ids = stop_token_ids(tok, self.model)  # EOS and the model's other end-of-sequence ids
         sampling = {} if params.greedy else {"temperature": params.temperature, "top_k": 0, "top_p": 1.0}
         res = self.model.generate(
             input_ids=enc.input_ids,
@@ -56,7 +59,7 @@ class HFGenerator:
             do_sample=not params.greedy,
             max_new_tokens=params.max_tokens,
             pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
+            eos_token_id=stop_ids,
             stop_strings=list(params.stop) or None,
             tokenizer=tok if params.stop else None,
             return_dict_in_generate=True,
@@ -70,13 +73,8 @@ class HFGenerator:
             token_lp = torch.log_softmax(logits, -1).gather(-1, gen[:, : logits.shape[1], None]).squeeze(-1)
         samples = []
         for i in range(gen.shape[0]):
-            ids = gen[i].tolist()
-            finish = "length"
-            if tok.eos_token_id in ids:
-                ids = ids[: ids.index(tok.eos_token_id) + 1]
-                finish = "stop"
-            else:
-                ids = [t for t in ids if t != tok.pad_token_id] if tok.pad_token_id != tok.eos_token_id else ids
+            ids = completion_ids(gen[i].tolist(), stop_ids, params.stop, tok)  # what was sampled: no padding
+            finish = "stop" if ids[-1:] and ids[-1] in stop_ids else "length"
             text = tok.decode(ids, skip_special_tokens=True)
             for s in params.stop:
                 if s in text:
@@ -86,6 +84,25 @@ class HFGenerator:
             lp = token_lp[i, : len(ids)].tolist() if token_lp is not None else None
             samples.append(Sample(text=text, token_ids=ids, finish_reason=finish, logprobs=lp))
         return samples
+
+
+def completion_ids(ids: list[int], stop_ids: list[int], stop: tuple[str, ...], tok) -> list[int]:
+    """One row of ``generate``'s output cut to what was sampled: through the first stop id or the
+    token that completes the first stop string, whichever comes first, else all of it (a row that
+    never stopped ran to ``max_new_tokens``, so it holds no padding). Padding is never kept, even
+    when the pad id is an EOS id (Llama-3 without a pad token: pad = EOS), and a sampled pad id is."""
+    ends = [ids.index(s) for s in stop_ids if s in ids]
+    ids = ids[: min(ends) + 1] if ends else ids
+    if stop and any(s in tok.decode(ids, skip_special_tokens=True) for s in stop):
+        lo, hi = 1, len(ids)  # the shortest prefix whose text holds a stop string (monotone in length)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(s in tok.decode(ids[:mid], skip_special_tokens=True) for s in stop):
+                hi = mid
+            else:
+                lo = mid + 1
+        return ids[:lo]
+    return ids
 
 
 def generate_many(requests: list[tuple[Generator, list[str], SamplingParams]]) -> list[list[list[Sample]]]:

@@ -72,6 +72,24 @@ def draw_reward_questions(n_train: int, m: int, seed: int) -> list[int]:
     return sorted(np.random.default_rng(seed).choice(n_train, size=m, replace=False).tolist())
 
 
+def merge_group_metrics(per_group: list[dict]) -> dict:
+    """One step's reward metrics from its ``teacher.groups_per_step`` groups: ``compute/*`` summed,
+    ``*_max`` the largest, other numbers and per-inner-step lists the mean over groups (the groups
+    are alike: g*r students of the same K each, so that is also the mean over all the step's students)."""
+    out = {}
+    for key in dict.fromkeys(k for metrics in per_group for k in metrics):
+        values = [metrics[key] for metrics in per_group if key in metrics]
+        if key.startswith("compute/"):
+            out[key] = sum(values)
+        elif key.endswith("_max"):
+            out[key] = max(values)
+        elif isinstance(values[0], list):
+            out[key] = np.mean(values, axis=0).tolist()
+        else:
+            out[key] = float(np.mean(values))
+    return out
+
+
 class Loop:
     """Holds the run's long-lived pieces; ``step`` is one outer iteration."""
 
@@ -133,9 +151,7 @@ class Loop:
             results = [self.reward_fn(ds, self.baseline, qr, base_acc, t, gi, st.inner_steps, bar)
                        for gi, ds in enumerate(datasets_GK)]
         rewards_KR = np.concatenate([r.rewards_KR for r in results])
-        for r in results:
-            for key, value in r.metrics.items():
-                m[key] = m.get(key, 0) + value if key.startswith("compute/") else value
+        m.update(merge_group_metrics([r.metrics for r in results]))
 
         decision = self.policy.update(rewards_KR)  # 4. promotion (before the teacher update)
         st.history = self.policy.history

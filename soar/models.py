@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from soar.config import ConfigError
+from soar.tokens import encode_prompts
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 CHARS = "\n" + "".join(chr(c) for c in range(32, 127))  # newline + printable ASCII
@@ -118,7 +119,7 @@ def model_context(model, model_cfg) -> int:
 
 def check_context(tokenizer, prompts: list[str], max_tokens: int, context: int, where: str) -> int:
     """Fail early if the longest prompt plus the generation budget exceeds the model context."""
-    longest = max((len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts), default=0)
+    longest = max((len(ids) for ids in encode_prompts(tokenizer, prompts)), default=0)  # BOS included
     if longest + max_tokens > context:
         raise ConfigError(
             f"config error: {where}: longest prompt ({longest} tokens) + max tokens ({max_tokens}) = "

@@ -36,6 +36,7 @@ from soar.config import ConfigError
 from soar.models import export_policy, is_peft
 from soar.samples import Sample, SamplingParams
 from soar.seeding import derive_seed
+from soar.tokens import encode_prompts, stop_token_ids
 
 log = logging.getLogger("soar.vllm")
 
@@ -261,7 +262,7 @@ class VLLMGenerator:
         return [VParams(n=params.n, temperature=0.0 if params.greedy else params.temperature, top_p=1.0, top_k=0,
                         max_tokens=params.max_tokens, seed=derive_seed(params.seed, "prompt", i),
                         stop=list(params.stop) or None, logprobs=0 if params.logprobs else None,
-                        skip_special_tokens=True)
+                        skip_special_tokens=True, stop_token_ids=stop_token_ids(self.tokenizer, self.model))
                 for i in range(n_prompts)]
 
     def _sample(self, completion, params: SamplingParams) -> Sample:
@@ -285,7 +286,8 @@ def generate_together(requests: list[tuple[VLLMGenerator, list[str], SamplingPar
     for gen, gen_prompts, params in requests:
         gen._ensure_loaded()
         spans.append((len(prompts), len(prompts) + len(gen_prompts)))
-        prompts += gen_prompts
+        # Token ids, not text: vLLM would add its own BOS to a text prompt (soar.tokens.encode_prompts).
+        prompts += [{"prompt_token_ids": ids} for ids in encode_prompts(gen.tokenizer, gen_prompts)]
         vparams += gen._vparams(params, len(gen_prompts))
         loras += [gen.lora] * len(gen_prompts)
     outputs = engine.llm.generate(prompts, vparams, use_tqdm=False,

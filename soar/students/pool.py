@@ -112,6 +112,7 @@ class InProcessStudents:
         out = []
         for task in tasks:
             res = self.runner.run(baseline, task, reward_questions)
+            res.trainer.keep_policy_only()  # before the next student: one model copy kept per student, not ~4
             res.worker = {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}
             maybe_die("student", task.step)
             out.append(res)

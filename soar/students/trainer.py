@@ -29,6 +29,7 @@ from soar.run import MetricsLogger
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.students.rloo import pack_completion_values, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
+from soar.tokens import encode_prompts
 
 log = logging.getLogger("soar.students")
 
@@ -49,7 +50,7 @@ def gold_logprobs(model, tokenizer, problems, template: str, gold_template: str,
     the gold completion is ``gold_template`` with ``{answer}`` filled in (e.g. ``\\boxed{{answer}}``).
     exp() of it is the probability that one T=1 sample starts with exactly the gold answer: the
     expected sampled accuracy without sampling noise, and non-zero where greedy accuracy is 0."""
-    prompt_ids = [tokenizer(render_prompt(template, p.question), add_special_tokens=False).input_ids for p in problems]
+    prompt_ids = encode_prompts(tokenizer, [render_prompt(template, p.question) for p in problems])  # BOS as sampled
     gold_ids = [tokenizer(gold_template.replace("{answer}", p.answer), add_special_tokens=False).input_ids
                 for p in problems]
     was_training = model.training
@@ -114,7 +115,8 @@ class RLOOTrainer:
             lora = student_cfg.lora
             model = get_peft_model(model, LoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
+                target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+                autocast_adapter_dtype=getattr(lora, "autocast_adapter_dtype", True))
             ref_model = None  # the reference is the same weights with the adapter disabled
         elif ref_model is not None:
             ref_model.eval().requires_grad_(False)
@@ -132,6 +134,14 @@ class RLOOTrainer:
         self.step_count = 0
         self.version = 0  # bumps on every optimiser step; keys the evaluation cache
         self._eval_cache: dict[tuple[int, str], list[bool]] = {}
+
+    def keep_policy_only(self) -> None:
+        """Free what a trained student no longer needs (optimiser state, schedule, full-FT reference copy,
+        evaluation cache): the promotion decision and the step dump read only its policy, as the Ray
+        workers keep only ``self.model``. Kept until the step ends, these were ~3 more model copies
+        per student (x g*r = 16 at paper size)."""
+        self.optimizer = self.scheduler = self.ref_model = None
+        self._eval_cache = {}
 
     def sampler(self, generator=None):
         """``generator`` (default: the rollout one), pointed at this policy's current weights; a
@@ -167,7 +177,7 @@ class RLOOTrainer:
         adv_QG = rloo_advantages(rewards_QG)
         t_grade = time.perf_counter()
 
-        prompt_ids = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        prompt_ids = encode_prompts(self.tokenizer, prompts)  # the ids the rollouts were conditioned on
         train_stats = self.update([prompt_ids[q] for q in range(len(problems)) for _ in range(cfg.group_size)],
                                   [s.token_ids for group in samples_QG for s in group], adv_QG.flatten(),
                                   [s.logprobs for group in samples_QG for s in group] if self.checks_sync else None)

@@ -20,6 +20,7 @@ from soar.students.trainer import RLOOTrainer
 from soar.teachers.parse import Reject, parse_pair
 from soar.teachers.prompts import TeacherFormat
 from soar.teachers.sampling import Rollout, sample_valid
+from soar.tokens import encode_prompt
 
 
 def dataset_advantages(rewards_K) -> np.ndarray:
@@ -37,14 +38,13 @@ class TeacherPolicy:
                                    generator=make_generator(cfg, "teacher", None, tokenizer))
         self.fmt = TeacherFormat(t.question_tag, t.answer_tag)
         self.student_template, self.student_context = student_template, student_context
-        self.prompt_ids = tokenizer(t.prompt, add_special_tokens=False).input_ids
+        self.prompt_ids = encode_prompt(tokenizer, t.prompt)  # the ids the teacher samples from
 
     def parse(self, text: str):
         pair = parse_pair(text, self.fmt, answer_ok=self.grader.parseable)
         if isinstance(pair, Reject):
             return pair
-        prompt = render_prompt(self.student_template, pair.question)
-        prompt_len = len(self.tokenizer(prompt, add_special_tokens=False).input_ids)
+        prompt_len = len(encode_prompt(self.tokenizer, render_prompt(self.student_template, pair.question)))
         if prompt_len + self.cfg.student.max_tokens > self.student_context:
             return Reject("question_too_long")
         return pair

@@ -1,0 +1,91 @@
+"""Two loop-level suspects: in-process students each kept their trainer (optimiser state, schedule,
+full-FT reference copy) until the outer step ended (~4 model copies x g*r students); with
+``teacher.groups_per_step > 1`` the step's ``student/inner_*`` metrics were the last group's only."""
+
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+
+import pytest
+
+import soar
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_in_process_students_free_training_state_before_the_next_student(tiny_model_dir):
+    from soar.data import Problem
+    from soar.grading import make_grader
+    from soar.models import load_model, load_tokenizer
+    from soar.students.pool import InProcessStudents, StudentRunner, StudentTask
+
+    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", "student.max_steps=1"])
+    tok, base = load_tokenizer(cfg.model), load_model(cfg.model)
+    runner = StudentRunner(cfg, tok, make_grader(cfg.data.grader), cfg.data.prompt_template)
+    problems = tuple(Problem(f"p{i}", f"{100 + i}+{200 + i}", str(300 + 2 * i)) for i in range(4))
+    tasks = [StudentTask(0, 0, k, 0, problems, 1) for k in range(3)]
+    held, alive_at_start = [], []
+    train = runner.run
+
+    def spy(baseline, task, qr):
+        gc.collect()
+        alive_at_start.append([ref() is not None for ref in held])  # the earlier students' training state
+        res = train(baseline, task, qr)
+        assert res.trainer.ref_model is not None and res.trainer.optimizer.state  # full FT with KL: both exist
+        held.extend([weakref.ref(res.trainer.ref_model), weakref.ref(res.trainer.optimizer)])
+        return res
+
+    runner.run = spy
+    results = InProcessStudents(runner).run(tasks, base, list(problems[:2]))
+    assert alive_at_start == [[], [False, False], [False, False, False, False]]
+    for res in results:  # what the promotion and the step dump use is still there
+        assert res.trainer.optimizer is None and res.trainer.ref_model is None
+        assert res.trainer.export_model() is not None and res.trainer.sampler() is not None
+
+
+def test_groups_metrics_are_merged_not_overwritten():
+    from soar.loop import merge_group_metrics
+
+    a = {"student/inner_reward_mean": 10.0, "student/inner_accuracy": 0.5, "compute/student_steps": 8,
+         "compute/student_tokens": 100.0, "student/inner_reward_by_step": [1.0, 3.0], "student/sync_logprob_gap_max": 0.01}
+    b = {"student/inner_reward_mean": 30.0, "student/inner_accuracy": 0.0, "compute/student_steps": 8,
+         "compute/student_tokens": 50.0, "student/inner_reward_by_step": [3.0, 5.0], "student/sync_logprob_gap_max": 0.03}
+    assert merge_group_metrics([a, b]) == {
+        "student/inner_reward_mean": 20.0, "student/inner_accuracy": 0.25, "compute/student_steps": 16,
+        "compute/student_tokens": 150.0, "student/inner_reward_by_step": [2.0, 4.0], "student/sync_logprob_gap_max": 0.03}
+    assert merge_group_metrics([a]) == a  # one group: as before
+
+
+def test_two_groups_per_step_report_both_groups(tiny_model_dir, tmp_path, monkeypatch):
+    """The loop's metrics with 2 groups: the mean of what each group's reward reported."""
+    import soar.loop
+    from soar.teachers.rewards import GroundedReward
+
+    seen = []
+    call = GroundedReward.__call__
+
+    def spy(self, *args, **kwargs):
+        out = call(self, *args, **kwargs)
+        seen.append(dict(out.metrics))
+        return out
+
+    monkeypatch.setattr(GroundedReward, "__call__", spy)
+    from soar.worlds.arith import generate_problems
+
+    hard = tmp_path / "hard.jsonl"  # given, so the run builds no hard set
+    hard.write_text("".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer,
+                                        "split": "train" if i < 8 else "test"}) + "\n"
+                            for i, p in enumerate(generate_problems(3, 3, 12, seed=7, prefix="hard"))))
+    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'run'}",
+                        f"loop.hard_set={hard}", "loop.steps=1",
+                        "teacher.groups_per_step=2", "run.progress=false", "loop.diversity_model=null",
+                        "student.max_steps=1", "inner.replicates=1"])  # 2 groups x 2 students x 1 inner step
+    soar.train(cfg)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert len(seen) == 2 and seen[0]["student/inner_reward_mean"] != seen[1]["student/inner_reward_mean"]
+    assert row["student/inner_reward_mean"] == pytest.approx((seen[0]["student/inner_reward_mean"]
+                                                              + seen[1]["student/inner_reward_mean"]) / 2)
+    assert row["compute/student_steps"] == seen[0]["compute/student_steps"] + seen[1]["compute/student_steps"]
+    assert soar.loop.merge_group_metrics(seen) == {k: row[k] for k in seen[0]}
