@@ -137,17 +137,19 @@ def scale_to_paper(row: dict, sizes: dict, valid_frac: float) -> dict:
                "rewards": students * rollout_tokens,  # Q_R evaluation inside it scales less: an upper bound
                "baseline_eval": qr / (p["g"] * p["r"]), "promotion": 1.0}
     out = {k: v for k, v in row.items() if not k.startswith("time/")}
+    from soar.estimate import TOTAL_KEYS
+
     for key, value in row.items():
-        if key.startswith("time/") and key.endswith("_s") and key not in ("time/step_s", "time/wall_s"):
+        if key.startswith("time/") and key.endswith("_s") and key not in TOTAL_KEYS:
             out[key] = value * factors.get(key[len("time/"):-2], 1.0)
-    out["time/step_s"] = sum(v for k, v in out.items() if k.startswith("time/") and k.endswith("_s"))
-    out["time/wall_s"] = out["time/step_s"] + max(row["time/wall_s"] - row["time/step_s"], 0.0)
+    out["time/phases_s"] = sum(v for k, v in out.items() if k.startswith("time/") and k.endswith("_s"))
+    out["time/wall_s"] = out["time/phases_s"] + max(row["time/wall_s"] - row["time/phases_s"], 0.0)
     return out, {"factors": factors, "qr_factor": qr}
 
 
 def run_kind(name: str, lora: bool, sizes: dict, model_dir: Path, hard: Path, args) -> dict:
     import soar
-    from soar.estimate import calibrate, project
+    from soar.estimate import TOTAL_KEYS, calibrate, project
 
     memory: dict = {}
     with tempfile.TemporaryDirectory(prefix=f"paper_step_{name}_") as tmp, every_completion_valid(), \
@@ -157,7 +159,8 @@ def run_kind(name: str, lora: bool, sizes: dict, model_dir: Path, hard: Path, ar
         cal = calibrate(cfg, 1, Path(tmp) / "run")
         wall = time.perf_counter() - t0
     row = cal["rows"][0]
-    measured = {k[len("time/"):-2]: v for k, v in row.items() if k.startswith("time/") and k.endswith("_s")}
+    measured = {k[len("time/"):-2]: v for k, v in row.items()
+                if k.startswith("time/") and k.endswith("_s") and k not in TOTAL_KEYS}
     paper_row, how = scale_to_paper(row, sizes, args.teacher_valid_frac)
     paper_cfg = soar.compose(["experiment=paper_math", f"model.path={model_dir}"])
     projection = project({**cal, "rows": [paper_row], "K": PAPER["k"]}, paper_cfg)
