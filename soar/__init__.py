@@ -5,8 +5,8 @@ Layers, bottom to top. A module imports only from its own layer or below, and ne
 
     0 config      config (the schema, hooks' registry of world configs), seeding, faults, signals
     1 foundations grading, data, models, samples / generation / vllm_backend, run dirs, run data,
-                  state, diversity, prompt/stop token ids (soar.tokens), the stage setup (soar.stage), the World
-                  interface (soar.worlds.base)
+                  state, diversity, prompt/stop token ids (soar.tokens), the stage setup (soar.stage),
+                  the World interface (soar.worlds.base)
     2 trainer     students.rloo, students.trainer (RLOO, soar-rl), filters (fail@k, soar-filter)
     3 roles       teachers (prompts, parsing, sampling, rewards, update), students (pool, lockstep,
                   promotion), worlds (arith: one World), the Llama-3.2 rehearsal model (soar.rehearsal)
