@@ -8,6 +8,14 @@ For each of ``--datasets`` datasets from the step dumps after the first promotio
 students per variant start from the promoted student and train with the run's inner-loop settings
 (K at that promotion); each is scored on all of hard train in the run's reward metric and in
 greedy accuracy, against the promoted student itself.
+
+With ``--against OTHER_RUN`` the same students also train on OTHER_RUN's dataset of the same step,
+as written, with the same seeds: two teachers' datasets scored against one promoted student. With
+Base-T as OTHER_RUN (its frozen teacher is the untrained one) this is the paired comparison the
+loop's own rewards cannot make once only one of the two runs has promoted:
+
+    python scripts/after_promotion.py runs/gate/grounded_s0 --against runs/gate/base_s0 \
+        --variants as_written --datasets 12 --out after_promotion_s0.json
 """
 
 from __future__ import annotations
@@ -18,6 +26,20 @@ from pathlib import Path
 
 import numpy as np
 
+VARIANTS = ("as_written", "wrong_removed", "wrong_corrected")
+
+
+def step_dumps(run: Path, after_step: int) -> dict[int, dict]:
+    """The run's step dumps after ``after_step``, by step."""
+    dumps = {int(f.stem.split("_")[1]): f for f in run.glob("steps/step_*.json")}
+    return {step: json.loads(dumps[step].read_text()) for step in sorted(dumps) if step > after_step}
+
+
+def paired(xs: list[float]) -> dict:
+    """Mean, standard error and count of paired differences."""
+    return {"mean": float(np.mean(xs)), "se": float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None,
+            "n": len(xs)}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -25,6 +47,9 @@ def main() -> None:
     ap.add_argument("--out", default="after_promotion.json")
     ap.add_argument("--datasets", type=int, default=3)
     ap.add_argument("--students", type=int, default=1)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--against", help="another run whose same-step datasets are scored the same way (as written)")
+    ap.add_argument("--dataset-index", type=int, default=0, help="which of a step's g datasets")
     args = ap.parse_args()
 
     from omegaconf import OmegaConf
@@ -55,30 +80,47 @@ def main() -> None:
                                             cfg.student, cfg.inner, 0)))
 
     base = {m: score(promoted, m) for m in (metric, "accuracy")}
-    dumps = sorted(run.glob("steps/step_*.json"))
-    after = [json.loads(f.read_text()) for f in dumps if int(f.stem.split("_")[1]) > promotion["step"]]
+    after = step_dumps(run, promotion["step"])
+    against = step_dumps(Path(args.against), promotion["step"]) if args.against else {}
     rows = []
-    for i, dump in enumerate(after[: args.datasets]):
-        questions = dump["datasets"][0]["questions"]
+
+    def gains_on(qs: list[dict], i: int) -> dict:
+        probs = [Problem(f"d{i}/{j}", q["question"], q["answer"]) for j, q in enumerate(qs)]
+        gains = []
+        for j in range(args.students):  # the same seeds for every variant and for the other run: paired
+            res = train_student(promoted, tok, grader, probs, student_cfg, template, derive_seed(0, "after", i, j))
+            gains.append({m: score(res.trainer.model, m) - base[m] for m in base})
+        return {m: float(np.mean([g[m] for g in gains])) for m in base}
+
+    steps = [step for step in after if not args.against or step in against][: args.datasets]
+    if not steps:
+        raise SystemExit(f"no step dump after the promotion at step {promotion['step']} in {run}"
+                         + (f" and {args.against}" if args.against else ""))
+    for i, step in enumerate(steps):
+        questions = after[step]["datasets"][args.dataset_index]["questions"]
         right = [q for q in questions if oracle(q["question"]) == q["answer"]]
         variants = {"as_written": questions, "wrong_removed": right,
                     "wrong_corrected": [{**q, "answer": oracle(q["question"])} for q in questions]}
-        row = {"step": dump["step"], "answer_correct_frac": len(right) / len(questions)}
-        for name, qs in variants.items():
-            probs = [Problem(f"d{i}/{j}", q["question"], q["answer"]) for j, q in enumerate(qs)]
-            gains = []
-            for j in range(args.students):
-                res = train_student(promoted, tok, grader, probs, student_cfg, template, derive_seed(0, "after", i, j))
-                gains.append({m: score(res.trainer.model, m) - base[m] for m in base})
-            row[name] = {m: float(np.mean([g[m] for g in gains])) for m in base}
+        row = {"step": step, "answer_correct_frac": len(right) / len(questions)}
+        row.update({name: gains_on(variants[name], i) for name in args.variants})
+        if args.against:
+            other = against[step]["datasets"][args.dataset_index]["questions"]
+            row["against"] = {"answer_correct_frac": float(np.mean([oracle(q["question"]) == q["answer"] for q in other])),
+                              "as_written": gains_on(other, i)}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = {name: {m: float(np.mean([r[name][m] for r in rows])) for m in base}
-               for name in ("as_written", "wrong_removed", "wrong_corrected")}
-    report = {"run": str(run), "promotion": promotion["promotion"], "reward_metric": metric,
+    summary = {name: {m: float(np.mean([r[name][m] for r in rows])) for m in base} for name in args.variants}
+    report = {"run": str(run), "promotion": promotion["promotion"], "promotion_step": promotion["step"],
+              "reward_metric": metric, "student_steps": student_cfg.max_steps, "dataset_index": args.dataset_index,
               "promoted_student": base, "datasets": rows, "mean_gain": summary}
+    if args.against:
+        report["against"] = {
+            "run": args.against,
+            "mean_gain": {m: float(np.mean([r["against"]["as_written"][m] for r in rows])) for m in base},
+            "as_written_minus_against": {m: paired([r["as_written"][m] - r["against"]["as_written"][m] for r in rows])
+                                         for m in base} if "as_written" in args.variants else None}
     Path(args.out).write_text(json.dumps(report, indent=1))
-    print(json.dumps(summary, indent=1))
+    print(json.dumps({**summary, **({"against": report["against"]} if args.against else {})}, indent=1))
 
 
 if __name__ == "__main__":

@@ -297,3 +297,23 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
             "students.png", "time.png", "tokens.png", "pass_at_k.png", "fresh_students.png"} == set(doc["figures"])
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| SOAR-PQ | 1 |" in md and "![pass_at_k.png](pass_at_k.png)" in md and "| `micro-" in md
+
+
+def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(micro_run, no_promotion_run, tmp_path):
+    """``scripts/after_promotion.py --against``: the same datasets with the same seeds give a paired
+    difference of exactly zero; a run without a step after the promotion is named."""
+    from conftest import run_cli
+
+    out, cmd = tmp_path / "after.json", [sys.executable, str(REPO / "scripts" / "after_promotion.py"), str(micro_run)]
+    run_cli([*cmd, "--against", str(micro_run), "--variants", "as_written", "wrong_corrected", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["promotion_step"] == 2 and [r["step"] for r in report["datasets"]] == [3]
+    assert set(report["mean_gain"]) == {"as_written", "wrong_corrected"}
+    row = report["datasets"][0]
+    assert row["against"]["as_written"] == row["as_written"]
+    assert row["against"]["answer_correct_frac"] == row["answer_correct_frac"]
+    diffs = report["against"]["as_written_minus_against"]
+    assert set(diffs) == {report["reward_metric"], "accuracy"}
+    assert all(d["mean"] == 0 and d["n"] == 1 for d in diffs.values())
+    res = run_cli([*cmd, "--against", str(no_promotion_run), "--out", str(tmp_path / "x.json")], check=False)
+    assert res.returncode != 0 and f"after the promotion at step 2 in {micro_run} and {no_promotion_run}" in res.stderr
