@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from frontier import mean_se  # scripts/frontier.py: run as a script, scripts/ is on sys.path
 
 VARIANTS = ("as_written", "wrong_removed", "wrong_corrected")
 
@@ -33,12 +34,6 @@ def step_dumps(run: Path, after_step: int) -> dict[int, dict]:
     """The run's step dumps after ``after_step``, by step."""
     dumps = {int(f.stem.split("_")[1]): f for f in run.glob("steps/step_*.json")}
     return {step: json.loads(dumps[step].read_text()) for step in sorted(dumps) if step > after_step}
-
-
-def paired(xs: list[float]) -> dict:
-    """Mean, standard error and count of paired differences."""
-    return {"mean": float(np.mean(xs)), "se": float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None,
-            "n": len(xs)}
 
 
 def main() -> None:
@@ -117,7 +112,7 @@ def main() -> None:
         report["against"] = {
             "run": args.against,
             "mean_gain": {m: float(np.mean([r["against"]["as_written"][m] for r in rows])) for m in base},
-            "as_written_minus_against": {m: paired([r["as_written"][m] - r["against"]["as_written"][m] for r in rows])
+            "as_written_minus_against": {m: mean_se([r["as_written"][m] - r["against"]["as_written"][m] for r in rows])
                                          for m in base} if "as_written" in args.variants else None}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps({**summary, **({"against": report["against"]} if args.against else {})}, indent=1))
