@@ -7,7 +7,8 @@ world's answer oracle (a measurement only; the oracle never enters the loop). Wr
 For each of ``--datasets`` datasets from the step dumps after the first promotion, ``--students``
 students per variant start from the promoted student and train with the run's inner-loop settings
 (K at that promotion); each is scored on all of hard train in the run's reward metric and in
-greedy accuracy, against the promoted student itself.
+greedy accuracy, against the promoted student itself; ``<metric>_unsolved`` is the reward metric's gain
+on the hard-train questions the promoted student still fails greedily.
 
 With ``--against OTHER_RUN`` the same students also train on OTHER_RUN's dataset of the same step,
 as written, with the same seeds: two teachers' datasets scored against one promoted student. With
@@ -68,13 +69,24 @@ def main() -> None:
     student_cfg = OmegaConf.merge(cfg.student, {"max_steps": min(promotion["inner_steps"] + cfg.inner.steps_per_promotion,
                                                                  cfg.inner.max_steps)})
 
-    def score(model, which):
+    def score(model, which) -> np.ndarray:
         from soar.generation import HFGenerator
 
-        return float(np.mean(problem_scores(which, model, tok, HFGenerator(model, tok), grader, hard, template,
-                                            cfg.student, cfg.inner, 0)))
+        return np.asarray(problem_scores(which, model, tok, HFGenerator(model, tok), grader, hard, template,
+                                         cfg.student, cfg.inner, 0))
 
-    base = {m: score(promoted, m) for m in (metric, "accuracy")}
+    base_Q = {m: score(promoted, m) for m in (metric, "accuracy")}
+    # Rewards can only recover on what the promoted student still fails: the gain there, apart
+    # (absent when it fails nothing).
+    unsolved_Q = base_Q["accuracy"] == 0
+
+    def means(score_Q: dict) -> dict:
+        out = {m: float(v.mean()) for m, v in score_Q.items()}
+        if unsolved_Q.any():
+            out[f"{metric}_unsolved"] = float(score_Q[metric][unsolved_Q].mean())
+        return out
+
+    base = means(base_Q)
     after = step_dumps(run, promotion["step"])
     against = step_dumps(Path(args.against), promotion["step"]) if args.against else {}
     rows = []
@@ -84,7 +96,7 @@ def main() -> None:
         gains = []
         for j in range(args.students):  # the same seeds for every variant and for the other run: paired
             res = train_student(promoted, tok, grader, probs, student_cfg, template, derive_seed(0, "after", i, j))
-            gains.append({m: score(res.trainer.model, m) - base[m] for m in base})
+            gains.append(means({m: score(res.trainer.model, m) - base_Q[m] for m in base_Q}))
         return {m: float(np.mean([g[m] for g in gains])) for m in base}
 
     steps = [step for step in after if not args.against or step in against][: args.datasets]
@@ -106,8 +118,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     summary = {name: {m: float(np.mean([r[name][m] for r in rows])) for m in base} for name in args.variants}
     report = {"run": str(run), "promotion": promotion["promotion"], "promotion_step": promotion["step"],
-              "reward_metric": metric, "student_steps": student_cfg.max_steps, "dataset_index": args.dataset_index,
-              "promoted_student": base, "datasets": rows, "mean_gain": summary}
+              "reward_metric": metric, "unsolved_questions": int(unsolved_Q.sum()), "student_steps": student_cfg.max_steps,
+              "dataset_index": args.dataset_index, "promoted_student": base, "datasets": rows, "mean_gain": summary}
     if args.against:
         report["against"] = {
             "run": args.against,

@@ -312,8 +312,10 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     row = report["datasets"][0]
     assert row["against"]["as_written"] == row["as_written"]
     assert row["against"]["answer_correct_frac"] == row["answer_correct_frac"]
-    diffs = report["against"]["as_written_minus_against"]
-    assert set(diffs) == {report["reward_metric"], "accuracy"}
+    diffs, metric = report["against"]["as_written_minus_against"], report["reward_metric"]
+    assert set(diffs) == {metric, "accuracy"} | ({f"{metric}_unsolved"} if report["unsolved_questions"] else set())
+    if report["unsolved_questions"] == len((micro_run / "hard_set" / "hard_train.jsonl").read_text().splitlines()):
+        assert row["as_written"][f"{metric}_unsolved"] == pytest.approx(row["as_written"][metric])
     assert all(d["mean"] == 0 and d["n"] == 1 for d in diffs.values())
     res = run_cli([*cmd, "--against", str(no_promotion_run), "--out", str(tmp_path / "x.json")], check=False)
     assert res.returncode != 0 and f"after the promotion at step 2 in {micro_run} and {no_promotion_run}" in res.stderr
