@@ -87,6 +87,26 @@ def teacher_trajectory(run_dir: Path, stepping: list[int]) -> dict[str, list[flo
     return out
 
 
+def reward_follows_answers(run_dir: Path) -> dict:
+    """How the grounded reward points the teacher at right answers: over every step dump, each dataset's
+    reward and right-answer fraction (oracle), both minus their step's mean (what RLOO's advantages see),
+    pooled into Pearson r and the slope (reward units per unit of right-answer fraction)."""
+    from soar.worlds.arith import oracle_answer
+
+    right_D, reward_D = [], []
+    for f in sorted((run_dir / "steps").glob("step_*.json")):
+        datasets = json.loads(f.read_text())["datasets"]
+        right = np.array([np.mean([oracle_answer(q["question"]) == q["answer"] for q in d["questions"]]) for d in datasets])
+        reward = np.array([d["reward"] for d in datasets])
+        right_D += list(right - right.mean())
+        reward_D += list(reward - reward.mean())
+    x, y = np.array(right_D), np.array(reward_D)
+    spread = float(x @ x) > 0 and float(y @ y) > 0
+    return {"r": float(x @ y / np.sqrt((x @ x) * (y @ y))) if spread else None,
+            "slope": float(x @ y / (x @ x)) if float(x @ x) > 0 else None, "datasets": len(x),
+            "right_frac_sd_within_step": float(x.std()) if len(x) else None}
+
+
 def last_third(xs: list[float]) -> list[float]:
     return xs[len(xs) - len(xs) // 3:] if len(xs) >= 3 else xs
 
@@ -105,6 +125,7 @@ def summarise(run_dir: Path, stepping: list[int]) -> dict:
             "rewards_after_promotion": [rewards[a:b] for a, b in zip(bounds, bounds[1:])],
             "teacher_updates_skipped": int(sum(r.get("teacher/skipped_zero_adv", 0) for r in rows)),
             "teacher": teacher_trajectory(run_dir, stepping),
+            "reward_vs_right_answers": reward_follows_answers(run_dir),
             "seconds_per_step": float(np.mean([r.get("time/phases_s", r.get("time/step_s")) for r in rows]))
             if rows else None}
 

@@ -60,3 +60,22 @@ def test_teacher_trajectory_reads_the_step_dumps_through_the_oracle(tmp_path):
     assert traj["s_like_frac"] == [pytest.approx(np.mean([c == 1 for c in carries]))]
     assert traj["s_like_correct_frac"] == [pytest.approx(np.mean([c == 1 and r for c, r in zip(carries, right)]))]
     assert traj["carries_mean"] == [pytest.approx(np.mean(carries))]
+
+
+def test_reward_follows_answers_is_the_within_step_correlation(tmp_path):
+    """Rewards that are the right-answer fraction plus a per-step offset correlate perfectly within
+    steps (r = 1, slope 1) although the offsets hide it across steps; a reversed step lowers r."""
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    right, wrong = {"question": "100+200", "answer": "3000"}, {"question": "100+200", "answer": "4000"}
+
+    def dump(step, rewards_and_right):
+        datasets = [{"reward": r, "questions": [right] * k + [wrong] * (4 - k)} for r, k in rewards_and_right]
+        (steps / f"step_{step:06d}.json").write_text(json.dumps({"datasets": datasets}))
+
+    dump(1, [(10.25, 1), (10.5, 2), (10.75, 3)])
+    dump(2, [(-5.0, 0), (-4.5, 2), (-4.0, 4)])
+    res = gate_script.reward_follows_answers(tmp_path)
+    assert res["r"] == pytest.approx(1.0) and res["slope"] == pytest.approx(1.0) and res["datasets"] == 6
+    dump(3, [(1.0, 0), (0.0, 4)])
+    assert gate_script.reward_follows_answers(tmp_path)["r"] < 0.9
