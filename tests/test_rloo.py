@@ -73,7 +73,7 @@ def test_micro_batch_1_equals_8(loss_norm):
         ref = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=2)
         cfg = SimpleNamespace(lora=SimpleNamespace(r=0), lr=1e-3, adam_betas=[0.9, 0.999], weight_decay=0.0,
                               warmup_steps=0, max_steps=1, min_lr_ratio=0.0, micro_batch_size=micro,
-                              loss_norm=loss_norm, kl_coef=0.01, max_grad_norm=None)
+                              loss_norm=loss_norm, kl_coef=0.01, max_grad_norm=None, temperature=1.0)
         trainer = RLOOTrainer(model, tok, grader=None, student_cfg=cfg, prompt_template="{question}", seed=0, ref_model=ref)
         prompts = [tok(f"Q{i}:", add_special_tokens=False).input_ids for i in range(8)]
         comps = [tok("x" * (i + 1), add_special_tokens=False).input_ids for i in range(8)]
@@ -94,3 +94,20 @@ def test_token_logprobs_match_manual_softmax():
     logits = model(input_ids=ids).logits[0]
     manual = [torch.log_softmax(logits[t], -1)[ids[0, t + 1]].item() for t in range(2)]
     assert lp[0].tolist() == pytest.approx(manual, abs=1e-5)
+
+
+def test_token_logprobs_at_a_temperature_score_the_sampled_policy():
+    """At T != 1 the trained log-probs are those of softmax(logits / T), the distribution the rollouts
+    came from; ``raw`` also returns the T = 1 ones (what an engine reports) from the same pass."""
+    from soar.models import build_char_tokenizer, build_tiny_llama
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden=32, layers=1, heads=2, max_positions=32, seed=3).eval()
+    ids = torch.tensor([tok("abcd", add_special_tokens=False).input_ids])
+    logits = model(input_ids=ids).logits[0].detach()
+    tempered, raw = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.5, raw=True)
+    assert tempered[0].tolist() == pytest.approx(
+        [torch.log_softmax(logits[t] / 0.5, -1)[ids[0, t + 1]].item() for t in range(3)], abs=1e-5)
+    assert raw[0].tolist() == pytest.approx(token_logprobs(model, ids, torch.ones_like(ids))[0].tolist(), abs=1e-6)
+    assert not torch.allclose(tempered, raw)
+    assert tempered.requires_grad and not raw.requires_grad

@@ -24,10 +24,20 @@ def k3_kl(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
-def token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """log p(x_t | x_<t) for t >= 1; shape (B, T-1), aligned with ``input_ids_BT[:, 1:]``."""
+def token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, temperature: float = 1.0,
+                   raw: bool = False):
+    """log p_T(x_t | x_<t) for t >= 1 under the policy sampled at ``temperature`` (softmax of logits / T,
+    as vLLM and HF sample, and as TRL and verl score rollouts); shape (B, T-1), aligned with
+    ``input_ids_BT[:, 1:]``. With ``raw``, also the T = 1 log-probs from the same forward pass (what
+    vLLM returns as a sampled token's log-prob), as a detached second tensor."""
     logits = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).logits[:, :-1].float()
-    return torch.log_softmax(logits, -1).gather(-1, input_ids_BT[:, 1:, None]).squeeze(-1)
+    targets = input_ids_BT[:, 1:, None]
+    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, -1).gather(-1, targets).squeeze(-1)
+    if not raw:
+        return logp
+    if temperature == 1.0:
+        return logp, logp.detach()
+    return logp, torch.log_softmax(logits.detach(), -1).gather(-1, targets).squeeze(-1)
 
 
 def pack_completion_values(prompt_ids: list[list[int]], values: list[list[float]], width: int) -> torch.Tensor:

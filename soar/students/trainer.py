@@ -256,10 +256,11 @@ class RLOOTrainer:
             ids, attn, mask = (t.to(device) for t in pack_sequences(prompt_ids[sl], completion_ids[sl],
                                                                     self.tokenizer.pad_token_id))
             ref_logp = self.reference_logprobs(ids, attn) if cfg.kl_coef > 0 else None
-            logp = token_logprobs(self.model, ids, attn)
-            if sampled_logprobs is not None:
+            # The policy is the one sampled: softmax(logits / temperature) (the KL's reference likewise).
+            logp, raw_logp = token_logprobs(self.model, ids, attn, cfg.temperature, raw=True)
+            if sampled_logprobs is not None:  # engines return T = 1 log-probs of the sampled tokens
                 engine = pack_completion_values(prompt_ids[sl], sampled_logprobs[sl], ids.shape[1]).to(device)
-                sync_gap += ((logp.detach() - engine).abs() * mask).sum().item()
+                sync_gap += ((raw_logp - engine).abs() * mask).sum().item()
             loss, pg, kl_sum = rloo_loss(logp, ref_logp, mask, adv_B[sl].to(device), cfg.kl_coef, normaliser)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite {self.role} loss at its step {self.step_count}")
@@ -281,10 +282,10 @@ class RLOOTrainer:
     @torch.no_grad()
     def reference_logprobs(self, ids, attn):
         if self.ref_model is not None:
-            return token_logprobs(self.ref_model, ids, attn)
+            return token_logprobs(self.ref_model, ids, attn, self.cfg.temperature)
         if self.cfg.lora.r > 0:
             with self.model.disable_adapter():
-                return token_logprobs(self.model, ids, attn)
+                return token_logprobs(self.model, ids, attn, self.cfg.temperature)
         raise ValueError("kl_coef > 0 needs a reference model (full fine-tuning) or LoRA")
 
     # ---- evaluation ---------------------------------------------------------------------------
