@@ -10,6 +10,16 @@ students per variant start from the promoted student and train with the run's in
 greedy accuracy, against the promoted student itself; ``<metric>_unsolved`` is the reward metric's gain
 on the hard-train questions the promoted student still fails greedily.
 
+With ``--carries 0 7,8 12`` the same students also train on sums the world generates with those carry
+counts and the oracle's answers, one dataset of the run's size per group: what a promoted student can
+still learn from, whoever writes it. With ``--students`` >= 2 the report gives, per metric, the share of
+the as-written gains' variance that belongs to the dataset rather than to the student's seed (``icc``).
+
+With ``--replay`` the promoted dataset itself is retrained with ``--students`` new seeds, from the model
+it was promoted over (the base model: selection luck, the promoted student's gain against its dataset's
+typical one) and from the promoted student (what more of the best data does to it): why every later
+dataset can score below 0 although its questions still teach.
+
 With ``--against OTHER_RUN`` the same students also train on OTHER_RUN's dataset of the same step,
 as written, with the same seeds: two teachers' datasets scored against one promoted student. With
 Base-T as OTHER_RUN (its frozen teacher is the untrained one) this is the paired comparison the
@@ -17,6 +27,9 @@ loop's own rewards cannot make once only one of the two runs has promoted:
 
     python scripts/after_promotion.py runs/gate/grounded_s0 --against runs/gate/base_s0 \
         --variants as_written --datasets 12 --out after_promotion_s0.json
+
+``--from-step 28 --datasets 13`` takes the steps of a 40-step gate's last third instead of the first ones
+after the promotion, and ``--dataset-index 0 1`` two of each step's datasets (a row each).
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from frontier import mean_se  # scripts/frontier.py: run as a script, scripts/ is on sys.path
+from frontier import icc, mean_se  # scripts/frontier.py: run as a script, scripts/ is on sys.path
 
 VARIANTS = ("as_written", "wrong_removed", "wrong_corrected")
 
@@ -45,7 +58,13 @@ def main() -> None:
     ap.add_argument("--students", type=int, default=1)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--against", help="another run whose same-step datasets are scored the same way (as written)")
-    ap.add_argument("--dataset-index", type=int, default=0, help="which of a step's g datasets")
+    ap.add_argument("--dataset-index", type=int, nargs="+", default=[0], help="which of a step's g datasets (a row each)")
+    ap.add_argument("--from-step", type=int, default=0,
+                    help="only step dumps from this step on (e.g. the gate's last third), still after the promotion")
+    ap.add_argument("--carries", nargs="*", default=[],
+                    help="carry-count groups (e.g. 0 7,8 12): oracle-answered world sums, one dataset each")
+    ap.add_argument("--replay", action="store_true",
+                    help="also retrain the promoted dataset from the base model and from the promoted student")
     args = ap.parse_args()
 
     from omegaconf import OmegaConf
@@ -87,39 +106,59 @@ def main() -> None:
         return out
 
     base = means(base_Q)
-    after = step_dumps(run, promotion["step"])
-    against = step_dumps(Path(args.against), promotion["step"]) if args.against else {}
+    first = max(promotion["step"], args.from_step - 1)
+    after = step_dumps(run, first)
+    against = step_dumps(Path(args.against), first) if args.against else {}
     rows = []
 
-    def gains_on(qs: list[dict], i: int) -> dict:
+    def gains_on(qs: list[dict], i: int, start=promoted, start_Q=base_Q, scfg=student_cfg, label="after") -> dict:
+        """Mean gain per metric over ``--students`` students trained from ``start`` (default: the promoted
+        student), and each student's (``per_student``)."""
         probs = [Problem(f"d{i}/{j}", q["question"], q["answer"]) for j, q in enumerate(qs)]
         gains = []
         for j in range(args.students):  # the same seeds for every variant and for the other run: paired
-            res = train_student(promoted, tok, grader, probs, student_cfg, template, derive_seed(0, "after", i, j))
-            gains.append(means({m: score(res.trainer.model, m) - base_Q[m] for m in base_Q}))
-        return {m: float(np.mean([g[m] for g in gains])) for m in base}
+            res = train_student(start, tok, grader, probs, scfg, template, derive_seed(0, label, i, j))
+            gains.append(means({m: score(res.trainer.model, m) - start_Q[m] for m in start_Q}))
+        return {**{m: float(np.mean([g[m] for g in gains])) for m in base}, "per_student": gains}
 
     steps = [step for step in after if not args.against or step in against][: args.datasets]
     if not steps:
         raise SystemExit(f"no step dump after the promotion at step {promotion['step']} in {run}"
                          + (f" and {args.against}" if args.against else ""))
-    for i, step in enumerate(steps):
-        questions = after[step]["datasets"][args.dataset_index]["questions"]
+    for i, (step, d) in enumerate((step, d) for step in steps for d in args.dataset_index):
+        questions = after[step]["datasets"][d]["questions"]
         right = [q for q in questions if oracle(q["question"]) == q["answer"]]
         variants = {"as_written": questions, "wrong_removed": right,
                     "wrong_corrected": [{**q, "answer": oracle(q["question"])} for q in questions]}
-        row = {"step": step, "answer_correct_frac": len(right) / len(questions)}
+        row = {"step": step, "dataset": d, "answer_correct_frac": len(right) / len(questions)}
         row.update({name: gains_on(variants[name], i) for name in args.variants})
         if args.against:
-            other = against[step]["datasets"][args.dataset_index]["questions"]
+            other = against[step]["datasets"][d]["questions"]
             row["against"] = {"answer_correct_frac": float(np.mean([oracle(q["question"]) == q["answer"] for q in other])),
                               "as_written": gains_on(other, i)}
         rows.append(row)
         print(json.dumps(row), flush=True)
+    size = len(after[steps[0]]["datasets"][0]["questions"])
+    carry_rows = []
+    for group in args.carries:
+        from soar.worlds.arith import generate_problems  # the arithmetic world's own sums
+
+        counts = [int(c) for c in group.split(",")]
+        sums = [p for c in counts for p in generate_problems(cfg.world.digits, c, -(-size // len(counts)),
+                                                            derive_seed(0, "after_carries", c), "after")][:size]
+        carry_rows.append({"carries": counts, **gains_on([{"question": p.question, "answer": p.answer} for p in sums],
+                                                          len(rows) + len(carry_rows))})
+        print(json.dumps(carry_rows[-1]), flush=True)
     summary = {name: {m: float(np.mean([r[name][m] for r in rows])) for m in base} for name in args.variants}
     report = {"run": str(run), "promotion": promotion["promotion"], "promotion_step": promotion["step"],
               "reward_metric": metric, "unsolved_questions": int(unsolved_Q.sum()), "student_steps": student_cfg.max_steps,
-              "dataset_index": args.dataset_index, "promoted_student": base, "datasets": rows, "mean_gain": summary}
+              "dataset_index": args.dataset_index, "promoted_student": base, "datasets": rows, "mean_gain": summary,
+              "carry_datasets": carry_rows}
+    if args.students > 1 and "as_written" in args.variants:
+        report["icc"] = {m: icc([[g[m] for g in r["as_written"]["per_student"]] for r in rows]) for m in base}
+    if args.replay:
+        report["replay"] = replay(run, cfg, promotion, base_Q, means, score, gains_on)
+        print(json.dumps(report["replay"]), flush=True)
     if args.against:
         report["against"] = {
             "run": args.against,
@@ -127,7 +166,25 @@ def main() -> None:
             "as_written_minus_against": {m: mean_se([r["as_written"][m] - r["against"]["as_written"][m] for r in rows])
                                          for m in base} if "as_written" in args.variants else None}
     Path(args.out).write_text(json.dumps(report, indent=1))
-    print(json.dumps({**summary, **({"against": report["against"]} if args.against else {})}, indent=1))
+    print(json.dumps({**summary, **{k: report[k] for k in ("against", "icc") if k in report}}, indent=1))
+
+
+def replay(run: Path, cfg, promotion: dict, promoted_Q: dict, means, score, gains_on) -> dict:
+    """The promoted dataset retrained with new seeds from the base model (K as it was trained) and from the
+    promoted student (K after the promotion): the promoted student's own gain against the typical one."""
+    from omegaconf import OmegaConf
+
+    from soar.models import load_model
+
+    if promotion["promotion"] != 1:
+        raise SystemExit("--replay measures the first promotion (over the base model)")
+    dataset = [q for q in map(json.loads, (run / "pq.jsonl").read_text().splitlines()) if q["promotion"] == 1]
+    base_model = load_model(cfg.model)  # the model the first promotion was promoted over
+    base_Q = {m: score(base_model, m) for m in promoted_Q}
+    as_trained = OmegaConf.merge(cfg.student, {"max_steps": promotion["inner_steps"]})
+    return {"promoted_gain": {m: v - b for (m, v), b in zip(means(promoted_Q).items(), means(base_Q).values())},
+            "from_base": gains_on(dataset, 0, base_model, base_Q, as_trained, "replay_base"),
+            "from_promoted": gains_on(dataset, 0, label="replay_promoted")}
 
 
 if __name__ == "__main__":

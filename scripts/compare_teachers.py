@@ -187,7 +187,7 @@ def main() -> None:
         sh([*cli("soar-world"), "problems", f"run.dir={out / 'problems'}", *common], out / "prepare.log", args.threads)
         sh([*cli("soar-filter"), f"model.path={model}", f"data.path={out / 'problems' / 'pool.jsonl'}",
             f"run.dir={hard}", *common], out / "prepare.log", args.parallel * args.threads)
-    jobs = [(v, s) for v in args.variants for s in args.seeds]  # variant by variant: the gate's pairs first
+    jobs = [(v, s) for s in args.seeds for v in args.variants]  # seed by seed: a seed's pair runs side by side
 
     def run(job):
         v, s = job

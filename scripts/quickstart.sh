@@ -31,12 +31,14 @@ ma = [(r["step"], r["promotion/moving_average"]) for r in rows if r["promotion/m
 ax.plot(*zip(*ma), "--", label="moving average") if ma else None
 from omegaconf import OmegaConf
 
-ax.axhline(OmegaConf.load(f"{run}/config.yaml").promotion.tau, color="red", ls=":", label="tau")
+cfg = OmegaConf.load(f"{run}/config.yaml")
+ax.axhline(cfg.promotion.tau, color="red", ls=":", label="tau")
 for p in promos:
     ax.axvline(p["step"], color="green", alpha=0.5, label="promotion" if p is promos[0] else None)
 ax.axhline(0, color="grey", lw=0.5)
 ax.set_xlabel("outer step")
-ax.set_ylabel("reward (" + ("nats" if "promotion/baseline_hard_train_score" in rows[0] else "accuracy") + ")")
+units = {"accuracy": "greedy accuracy", "gold_prob": "gold-answer probability", "gold_logprob": "gold log-prob, nats"}
+ax.set_ylabel(f"reward (gain in {units.get(cfg.inner.reward_metric, cfg.inner.reward_metric)})")
 ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(f"{run}/reward.png", dpi=120)

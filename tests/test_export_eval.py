@@ -301,13 +301,22 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
 
 def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(micro_run, no_promotion_run, tmp_path):
     """``scripts/after_promotion.py --against``: the same datasets with the same seeds give a paired
-    difference of exactly zero; a run without a step after the promotion is named."""
+    difference of exactly zero; ``--carries`` adds one oracle-answered dataset per carry group, of the
+    run's dataset size; ``--dataset-index``/``--from-step`` choose the rows and ``--replay`` retrains the promoted
+    dataset; a run without a step after the promotion is named."""
     from conftest import run_cli
 
     out, cmd = tmp_path / "after.json", [sys.executable, str(REPO / "scripts" / "after_promotion.py"), str(micro_run)]
-    run_cli([*cmd, "--against", str(micro_run), "--variants", "as_written", "wrong_corrected", "--out", str(out)])
+    run_cli([*cmd, "--against", str(micro_run), "--variants", "as_written", "wrong_corrected", "--carries", "0", "1,2",
+             "--dataset-index", "0", "1", "--from-step", "3", "--replay", "--out", str(out)])
     report = json.loads(out.read_text())
-    assert report["promotion_step"] == 2 and [r["step"] for r in report["datasets"]] == [3]
+    assert [(r["step"], r["dataset"]) for r in report["datasets"]] == [(3, 0), (3, 1)]
+    replay = report["replay"]  # the promoted dataset retrained from the base model and from the promoted student
+    assert len(replay["from_base"]["per_student"]) == len(replay["from_promoted"]["per_student"]) == 1
+    assert set(replay["promoted_gain"]) == set(report["promoted_student"])
+    assert [r["carries"] for r in report["carry_datasets"]] == [[0], [1, 2]]
+    assert all(len(r["per_student"]) == 1 and report["reward_metric"] in r for r in report["carry_datasets"])
+    assert report["promotion_step"] == 2
     assert set(report["mean_gain"]) == {"as_written", "wrong_corrected"}
     row = report["datasets"][0]
     assert row["against"]["as_written"] == row["as_written"]
@@ -316,6 +325,6 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     assert set(diffs) == {metric, "accuracy"} | ({f"{metric}_unsolved"} if report["unsolved_questions"] else set())
     if report["unsolved_questions"] == len((micro_run / "hard_set" / "hard_train.jsonl").read_text().splitlines()):
         assert row["as_written"][f"{metric}_unsolved"] == pytest.approx(row["as_written"][metric])
-    assert all(d["mean"] == 0 and d["n"] == 1 for d in diffs.values())
+    assert all(d["mean"] == 0 and d["n"] == 2 for d in diffs.values())
     res = run_cli([*cmd, "--against", str(no_promotion_run), "--out", str(tmp_path / "x.json")], check=False)
     assert res.returncode != 0 and f"after the promotion at step 2 in {micro_run} and {no_promotion_run}" in res.stderr

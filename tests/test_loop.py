@@ -186,3 +186,29 @@ def test_lora_teacher_and_students(reference_run, tiny_model_dir, tmp_path):
     assert rows[1]["teacher/kl"] > 0 or rows[0]["teacher/skipped_zero_adv"] == 1
     promoted = run_dir / "promoted" / "promotion_02"
     assert (promoted / "config.json").exists() and (promoted / "adapter" / "adapter_config.json").exists()
+
+
+@pytest.mark.slow
+def test_quickstart_prints_rewards_promotions_and_pq_size_and_plots(reference_run, tiny_model_dir, tmp_path):
+    """``scripts/quickstart.sh`` (the README's main command) on a copy of the micro run: soar-train resumes
+    the finished run (nothing left to train), then the script prints the step rewards, the promotion and
+    the PQ size, and writes the reward plot."""
+    import shutil
+
+    from conftest import REPO
+
+    run_dir = tmp_path / "quickstart"
+    shutil.copytree(reference_run[0], run_dir)
+    res = subprocess.run(["bash", str(REPO / "scripts" / "quickstart.sh"), "experiment=arith_micro",
+                          f"model.path={tiny_model_dir}", "run.threads=1", "run.progress=false"],
+                         env={**os.environ, "RUN": str(run_dir), "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = comparable_metrics(run_dir)
+    assert len(rows) == 3  # resumed at its end: no step trained twice
+    lines = res.stdout.splitlines()
+    assert "3 outer steps, 1 promotions, 8 Promotion Questions" in lines
+    rewards = " ".join(f"{r['teacher/reward_mean']:+.3f}" for r in rows)
+    assert f"step reward (mean over datasets): {rewards}" in lines
+    assert any(line.startswith("promotion 1 at step 2: ") for line in lines)
+    assert (run_dir / "reward.png").stat().st_size > 10_000
