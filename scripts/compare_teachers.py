@@ -21,7 +21,10 @@ answer-correct fraction, its stepping-stone-like fraction (questions with a carr
 ``world.stepping_carries``) and its correct stepping-stone-like fraction. The gate passes when
 Grounded-T's last-third mean beats Base-T's in at least 2 of 3 seeds (a majority) and the pooled
 paired difference (every last-third step of every seed, Grounded-T minus Base-T at the same seed
-and step) exceeds 2 standard errors.
+and step) exceeds 2 standard errors. ``seeds_promotions_differ`` lists the seeds whose two runs were
+promoted a different number of times: their last thirds compare rewards against baselines of
+different strength, which ``scripts/after_promotion.py GT_RUN --against BT_RUN`` removes (both
+teachers' datasets trained from the same promoted student).
 """
 
 from __future__ import annotations
@@ -145,6 +148,7 @@ def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
     se = float(diffs.std(ddof=1) / np.sqrt(len(diffs))) if len(diffs) > 1 else float("nan")
     seed_diffs = np.array(list(per_seed.values()))
     promotions = {s: runs[f"grounded_s{s}"]["promotions"] for s in seeds}
+    base_promotions = {s: runs[f"{base}_s{s}"]["promotions"] for s in seeds}
     wins = sum(d > 0 for d in per_seed.values())
     return {"gt_minus_bt_last_third": per_seed,
             "pooled_paired": {"mean": float(diffs.mean()) if len(diffs) else None, "se": se, "n": int(len(diffs)),
@@ -152,7 +156,10 @@ def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
             "seed_level": {"mean": float(seed_diffs.mean()) if len(seed_diffs) else None,
                            "se": float(seed_diffs.std(ddof=1) / np.sqrt(len(seed_diffs))) if len(seed_diffs) > 1 else None,
                            "n": int(len(seed_diffs))},
-            "seeds_grounded_beats_base": int(wins), "promotions": promotions,
+            "seeds_grounded_beats_base": int(wins), "promotions": promotions, "base_promotions": base_promotions,
+            # a last third where the two runs were promoted a different number of times compares rewards
+            # against baselines of different strength: read those seeds with after_promotion.py --against
+            "seeds_promotions_differ": [s for s in seeds if promotions[s] != base_promotions[s]],
             "seeds_with_promotion": int(sum(p > 0 for p in promotions.values())),
             "passes_reward_gate": bool(wins * 3 >= 2 * len(seeds) and len(diffs) > 1 and diffs.mean() > 2 * se),
             "passes_promotion_gate": bool(sum(p > 0 for p in promotions.values()) * 3 >= 2 * len(seeds))}

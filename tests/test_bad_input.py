@@ -90,7 +90,7 @@ def test_config_value_is_refused_naming_the_field(tmp_path, command, overrides, 
 
 
 def test_tau_range_depends_on_the_reward_metric():
-    """gold_logprob rewards are nats, unbounded: tau 1.0 (the embedded world's preset) and 1.5 pass."""
+    """gold_logprob rewards are nats, unbounded: tau 1.0 (the embedded world's preset until 2026-12-01) and 1.5 pass."""
     import soar
 
     for tau in ("1.0", "1.5"):

@@ -35,6 +35,7 @@ def test_gate_pairs_by_seed_and_step_and_needs_a_majority_and_two_standard_error
     assert res["gt_minus_bt_last_third"] == pytest.approx({0: 1.0, 1: 1.0, 2: 1.0})
     assert res["pooled_paired"]["n"] == 30 and res["pooled_paired"]["se"] == pytest.approx(0.0, abs=1e-12)
     assert res["passes_reward_gate"] and res["passes_promotion_gate"] and res["seeds_with_promotion"] == 2
+    assert res["base_promotions"] == {0: 0, 1: 0, 2: 0} and res["seeds_promotions_differ"] == [0, 1]
     noisy = {s: list(np.array(bt[s]) + rng.normal(0, 3, 30)) for s in range(3)}  # no real difference
     res = gate_script.gate(runs_with(noisy, bt), [0, 1, 2])
     pooled = res["pooled_paired"]
