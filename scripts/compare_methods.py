@@ -39,6 +39,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from frontier import mean_se  # scripts/frontier.py: run as a script, scripts/ is on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the report step imports soar in this process, installed or not
 STAGES = {"soar-world": "world_main", "soar-filter": "filter_main", "soar-train": "train_main",
@@ -203,8 +205,7 @@ def main() -> None:
                               "beats_hard_only_by_more_than_sd": m["mean"] - ho["mean"] > max(m["sd"], ho["sd"])}
             paired = [v - ho_by_seed[s] for s, v in by_teacher_seed(label).items() if s in ho_by_seed]
             if len(paired) > 1:
-                verdict[label]["by_teacher_seed"] = {"diffs": paired, "mean": float(np.mean(paired)), "n": len(paired),
-                                                     "se": float(np.std(paired, ddof=1) / np.sqrt(len(paired)))}
+                verdict[label]["by_teacher_seed"] = mean_se(paired)
     summary = {"experiment": experiment, "seeds": args.seeds, "students": args.students, "eligible_pq_runs":
                [str(r) for r in eligible], "table": agg, "verdict_at": key, "verdict": verdict,
                "minutes": (time.perf_counter() - t0) / 60}
