@@ -72,10 +72,13 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def teacher_trajectory(run_dir: Path, stepping: list[int]) -> dict[str, list[float]]:
     """Per outer step, from the step dumps: the teacher's answer-correct, stepping-stone-like and
-    correct stepping-stone-like fractions of its valid pairs, and their mean carry count."""
+    correct stepping-stone-like fractions of its valid pairs, the fraction both harder than the
+    stepping stones and answered right (what can still teach a promoted student, docs/world.md "After
+    a promotion"), and their mean carry count."""
     from soar.worlds.arith import carries_of, oracle_answer, parse_question
 
-    out = {"answer_correct_frac": [], "s_like_frac": [], "s_like_correct_frac": [], "carries_mean": []}
+    out = {"answer_correct_frac": [], "s_like_frac": [], "s_like_correct_frac": [], "beyond_s_correct_frac": [],
+           "carries_mean": []}
     for f in sorted((run_dir / "steps").glob("step_*.json")):
         rows = []
         for d in json.loads(f.read_text())["datasets"]:
@@ -86,6 +89,8 @@ def teacher_trajectory(run_dir: Path, stepping: list[int]) -> dict[str, list[flo
         out["answer_correct_frac"].append(float(np.mean([ok for _, ok in rows])))
         out["s_like_frac"].append(float(np.mean([c in stepping for c, _ in rows])))
         out["s_like_correct_frac"].append(float(np.mean([c in stepping and ok for c, ok in rows])))
+        out["beyond_s_correct_frac"].append(float(np.mean([c is not None and c > max(stepping) and ok
+                                                           for c, ok in rows])))
         out["carries_mean"].append(float(np.mean([c for c, _ in rows if c is not None] or [np.nan])))
     return out
 

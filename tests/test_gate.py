@@ -60,6 +60,8 @@ def test_teacher_trajectory_reads_the_step_dumps_through_the_oracle(tmp_path):
     assert traj["answer_correct_frac"] == [pytest.approx(np.mean(right))]
     assert traj["s_like_frac"] == [pytest.approx(np.mean([c == 1 for c in carries]))]
     assert traj["s_like_correct_frac"] == [pytest.approx(np.mean([c == 1 and r for c, r in zip(carries, right)]))]
+    assert traj["beyond_s_correct_frac"] == [0.0]   # nothing above 1 carry here
+    assert gate_script.teacher_trajectory(tmp_path, stepping=[0])["beyond_s_correct_frac"] == [pytest.approx(1 / 3)]
     assert traj["carries_mean"] == [pytest.approx(np.mean(carries))]
 
 
