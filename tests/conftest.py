@@ -105,10 +105,11 @@ def pytest_report_header(config):
 # Test tiers (markers registered in pyproject.toml; docs/loop.md, "Tests and their tiers").
 # requires_slurm: every test that uses the slurm_cluster fixture (it skips, or fails under
 #   SOAR_REQUIRE_SLURM=1 as in .ci/run, when SLURM is not installed);
-# requires_vllm: tests/test_vllm.py (one vllm engine per module) and tests marked by hand;
+# requires_vllm: tests/test_vllm.py and tests/test_rehearsal_vllm.py (one vllm engine per module) and tests
+#   marked by hand;
 # requires_gpu: marked by hand; skipped here when torch sees no CUDA device;
 # slow: marked by hand (measured with --durations), and every requires_slurm test.
-VLLM_MODULES = {"test_vllm.py"}
+VLLM_MODULES = {"test_vllm.py", "test_rehearsal_vllm.py"}
 
 
 def pytest_collection_modifyitems(config, items):

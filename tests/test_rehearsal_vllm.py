@@ -17,8 +17,9 @@ from soar.tokens import encode_prompts
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
 
+# enforce_eager: no compile warm-up (~45 s per engine here); tests/test_vllm.py's engine tests the compiled path
 VLLM = ["backend=vllm", "backend.vllm.dtype=float32", "backend.vllm.kv_cache_gb=1", "backend.vllm.enable_lora=true",
-        "backend.vllm.max_lora_rank=8", "backend.vllm.max_loras=4"]
+        "backend.vllm.max_lora_rank=8", "backend.vllm.max_loras=4", "backend.vllm.enforce_eager=true"]
 
 
 @pytest.fixture(scope="module")
