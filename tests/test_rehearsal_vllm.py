@@ -4,8 +4,6 @@ the full-FT loop, the lockstep LoRA students and the parity checks share it)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 from test_llama_tokens import BOS, END_OF_TEXT, EOM, EOT, prompts, swapped
 from test_rehearsal import check_run, rehearsal_cfg
@@ -14,8 +12,7 @@ import soar
 from soar.generation import HFGenerator, SamplingParams
 from soar.tokens import encode_prompts
 
-pytestmark = [pytest.mark.timeout(600),
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
+pytestmark = pytest.mark.timeout(600)  # requires_vllm, and its skip without vllm: tests/conftest.py
 
 # enforce_eager: no compile warm-up (~45 s per engine here); tests/test_vllm.py's engine tests the compiled path
 VLLM = ["backend=vllm", "backend.vllm.dtype=float32", "backend.vllm.kv_cache_gb=1", "backend.vllm.enable_lora=true",

@@ -6,7 +6,6 @@ One engine serves the whole module (``soar.vllm_backend.engine_for`` caches it; 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 
 import pytest
@@ -17,8 +16,7 @@ from soar.generation import HFGenerator, SamplingParams
 
 from conftest import ARITH_TEMPLATE, arith_data, run_cli, script
 
-pytestmark = [pytest.mark.timeout(600),
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
+pytestmark = pytest.mark.timeout(600)  # requires_vllm, and its skip without vllm: tests/conftest.py
 
 QUESTIONS = ["120+310", "555+555", "900+100", "123+456", "905+287", "999+001", "314+159", "271+828"]
 PROMPTS = [ARITH_TEMPLATE.replace("{question}", q) for q in QUESTIONS] + ["Write a new addition problem and its answer.\n"]
