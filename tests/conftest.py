@@ -112,12 +112,18 @@ def pytest_report_header(config):
 VLLM_MODULES = {"test_vllm.py", "test_rehearsal_vllm.py"}
 
 
+# Two pytest-xdist workers (pyproject's addopts: -n 2 --dist loadgroup) share CI's 2 cores; much of
+# the suite waits on subprocesses, SLURM and engine starts. Each module is one xdist group, so its
+# module fixtures (a soar-train run, a vLLM engine, the SLURM cluster) are built once, on one worker;
+# the vLLM modules share a group so that at most one engine holds memory at a time.
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
 def pytest_collection_modifyitems(config, items):
     import importlib.util
 
     have_vllm = importlib.util.find_spec("vllm") is not None
     cuda = None
     for item in items:
+        item.add_marker(pytest.mark.xdist_group("vllm" if item.path.name in VLLM_MODULES else item.path.stem))
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.requires_slurm)
             item.add_marker(pytest.mark.slow)  # sbatch to a finished outer step alone is 27-42 s

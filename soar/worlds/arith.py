@@ -302,16 +302,31 @@ def padded_loss_backward(model, ids: list[list[int]], labels: list[list[int]], p
 
 
 def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
-    """Build the tokenizer and model, pretrain to the frontier, save in HF format (cached)."""
-    import torch
-    from tqdm.auto import tqdm
+    """Build the tokenizer and model, pretrain to the frontier, save in HF format (cached).
 
-    from soar.models import build_char_tokenizer, build_tiny_llama, set_threads
+    Processes that need the same world at once (parallel runs or test workers on a fresh machine)
+    build it once: the first holds ``<world dir>.lock`` while it builds, the others wait and load it."""
+    import fcntl
 
     out = world_dir(wcfg, seed)
     if (out / "train_info.json").exists():
         log.info("world model cached at %s", out)
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if (out / "train_info.json").exists():
+            log.info("world model built by another process at %s", out)
+            return out
+        return _pretrain_unlocked(wcfg, seed, out, progress)
+
+
+def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: bool) -> Path:
+    import torch
+    from tqdm.auto import tqdm
+
+    from soar.models import build_char_tokenizer, build_tiny_llama, set_threads
+
     if wcfg.teacher_carries not in TEACHER_CARRIES:
         raise ConfigError(f"config error: world.teacher_carries: {wcfg.teacher_carries!r} is not one of {TEACHER_CARRIES}")
     for name in ("pretrain_carry_weights", "teacher_carry_weights"):
