@@ -100,7 +100,9 @@ def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
     if code in (errno.ENOSPC, errno.EDQUOT):
         return f"disk full: cannot write {exc.filename or run_dir} ({exc.strerror}); free space, then rerun the " \
                "same command to resume"
-    if disk_full(run_dir):  # some writers (torch.save) report a full disk as a bare RuntimeError
+    # some writers report a full disk in an error of their own: torch.save a bare RuntimeError (its
+    # partial file left, so the disk is still full), safetensors a SafetensorError naming os error 28
+    if disk_full(run_dir) or os.strerror(errno.ENOSPC) in str(exc):
         return f"disk full under {run_dir} ({type(exc).__name__}: {exc}); free space, then rerun the same command " \
                "to resume"
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
