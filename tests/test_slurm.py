@@ -102,7 +102,7 @@ def test_usr1_stops_at_a_step_boundary_requeues_and_resumes_to_the_uninterrupted
     wait_for(lambda: "restart 1]" in out.read_text(), 120, lambda: f"job {job} restarting\n{out.read_text()[-3000:]}")
     state = slurm_cluster.wait_job(job, 180)
     log = out.read_text()
-    assert state == "COMPLETED", f"{state}\n{log[-4000:]}"
+    assert state == "COMPLETED", f"{state}\n{log[-4000:]}\n{slurm_cluster.logs()}"
     assert re.search(r"soar: stopped by SIGUSR1 after outer step [12]; checkpointed, exit 75", log), log[-4000:]
     assert "stage exited with 75" in log and "requeueing" in log
     assert re.search(r"resumed from .*step_00000[12] after outer step [12]", log), log[-4000:]
@@ -183,7 +183,7 @@ def test_two_node_job_runs_ray_across_both_nodes_with_students_on_both(slurm_clu
                        lambda: f"first outer step of job {job}: {text()[-3000:]}")
     state = slurm_cluster.wait_job(job, 180)
     log = out.read_text()
-    assert state == "COMPLETED", f"{state}\n{log[-4000:]}"
+    assert state == "COMPLETED", f"{state}\n{log[-4000:]}\n{slurm_cluster.logs()}"
     nodes = json.loads(re.search(r"^ray nodes: (.*)$", log, re.M).group(1))
     node_ids = {n["node_id"] for n in nodes}
     assert len(node_ids) == 2, nodes  # the head on node1, a worker on node2
