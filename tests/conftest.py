@@ -115,15 +115,26 @@ VLLM_MODULES = {"test_vllm.py", "test_rehearsal_vllm.py"}
 # Two pytest-xdist workers (pyproject's addopts: -n 2 --dist loadgroup) share CI's 2 cores; much of
 # the suite waits on subprocesses, SLURM and engine starts. Each module is one xdist group, so its
 # module fixtures (a soar-train run, a vLLM engine, the SLURM cluster) are built once, on one worker;
-# the vLLM modules share a group so that at most one engine holds memory at a time.
+# the vLLM modules share a group so that at most one engine holds memory at a time. The longest
+# groups (one-process --durations, 2026-12-03) are handed out first (--no-loadscope-reorder keeps this
+# order), so that no worker is left with a long group at the end while the other idles.
+LONGEST_GROUPS_FIRST = ("test_slurm", "vllm", "test_loop", "test_pool", "test_bad_input")
+
+
+def _xdist_group(item) -> str:
+    return "vllm" if item.path.name in VLLM_MODULES else item.path.stem
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids
 def pytest_collection_modifyitems(config, items):
     import importlib.util
 
     have_vllm = importlib.util.find_spec("vllm") is not None
     cuda = None
+    rank = {group: i for i, group in enumerate(LONGEST_GROUPS_FIRST)}
+    items.sort(key=lambda item: rank.get(_xdist_group(item), len(rank)))  # stable: modules keep their order
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("vllm" if item.path.name in VLLM_MODULES else item.path.stem))
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.requires_slurm)
             item.add_marker(pytest.mark.slow)  # sbatch to a finished outer step alone is 27-42 s
