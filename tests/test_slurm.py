@@ -96,7 +96,9 @@ def test_usr1_stops_at_a_step_boundary_requeues_and_resumes_to_the_uninterrupted
     reference = sweep[0] / "runs" / "arith_micro_s0"  # the same overrides, uninterrupted
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
     job = submit(slurm_cluster, out, ["--nodes=1"], micro(tiny_model_dir, "seed=0", f"run.dir={run_dir}"))
-    wait_for(lambda: (run_dir / "checkpoints" / "step_000001" / "DONE").exists(), 180, "first checkpoint")
+    wait_for(lambda: (run_dir / "checkpoints" / "step_000001" / "DONE").exists(), 180,
+             lambda: f"job {job}'s first checkpoint\n{out.read_text()[-3000:] if out.exists() else ''}\n"
+                     f"{slurm_cluster.logs()}")
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
     # The first run stops (exit 75) and requeues; the second one must start, resume and finish.
     wait_for(lambda: "restart 1]" in out.read_text(), 120, lambda: f"job {job} restarting\n{out.read_text()[-3000:]}")
