@@ -22,7 +22,8 @@ def arith_data(path) -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The ``experiment=arith_micro`` world model: 3 digits, stopped early (greedy ~0.75 / 0.5 / 0.4 /
-    0.2 at 0-3 carries), so RL has signal on 1-2 carry problems. Built at most once per machine, in
+    0.2 at 0-3 carries; a Xeon with AMX built a different one, ~0.69 / 0.28 / 0.03 / 0.13, 2026-12-03),
+    so RL has signal on 1-2 carry problems. Built at most once per machine, in
     the world cache (``~/.cache/soar/worlds/<config hash>``) that ``soar-train`` uses too, so CLI tests
     and the session share it (~1 minute on 2 idle cores)."""
     import soar
