@@ -270,10 +270,6 @@ def bytes_written_before(run_dir: Path, step: int) -> int:
                if f.is_file() and f.stat().st_mtime < start)
 
 
-def checkpoint_bytes(run_dir: Path, step: int) -> int:
-    return sum(f.stat().st_size for f in (run_dir / "checkpoints" / f"step_{step:06d}").iterdir())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("step, named", [
     # room for what comes before the first checkpoint and half of it: torch.save fails mid-write
@@ -284,7 +280,9 @@ def checkpoint_bytes(run_dir: Path, step: int) -> int:
     (2, "disk full: cannot write checkpoint step 2 under {ckpt} ("),
 ], ids=["during the first checkpoint", "before the second checkpoint"])
 def test_full_disk_is_named_and_the_rerun_resumes_to_the_same_pq(tiny_model_dir, uninterrupted, tmpfs, step, named):
-    size = bytes_written_before(uninterrupted, step) + checkpoint_bytes(uninterrupted, 1) // 2
+    from soar.run import _tree_bytes  # the checkpoint size that RunDir.checkpoint checks free space against
+
+    size = bytes_written_before(uninterrupted, step) + _tree_bytes(uninterrupted / "checkpoints" / "step_000001") // 2
     mount = tmpfs(f"{size // 1024}k")
     run_dir = mount / "run"
     args = train_args(run_dir, MICRO_STEPS, model=tiny_model_dir)
