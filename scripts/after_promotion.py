@@ -30,6 +30,8 @@ loop's own rewards cannot make once only one of the two runs has promoted:
 
 ``--from-step 28 --datasets 13`` takes the steps of a 40-step gate's last third instead of the first ones
 after the promotion, and ``--dataset-index 0 1`` two of each step's datasets (a row each).
+``--student max_steps=8 lr=5e-5`` trains the students from the promoted one with other inner-loop
+settings (the replay's from-base students keep the run's): what K's growth or the step size adds to the dip.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def main() -> None:
                     help="carry-count groups (e.g. 0 7,8 12): oracle-answered world sums, one dataset each")
     ap.add_argument("--replay", action="store_true",
                     help="also retrain the promoted dataset from the base model and from the promoted student")
+    ap.add_argument("--student", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="student settings for the students trained from the promoted one (e.g. max_steps=8 lr=5e-5: "
+                         "what K's growth or the step size does to the dip)")
     args = ap.parse_args()
 
     from omegaconf import OmegaConf
@@ -86,7 +91,7 @@ def main() -> None:
             map(json.loads, (Path(cfg.loop.hard_set or run / "hard_set") / "hard_train.jsonl").read_text().splitlines())]
     template, metric = cfg.data.prompt_template, cfg.inner.reward_metric
     student_cfg = OmegaConf.merge(cfg.student, {"max_steps": min(promotion["inner_steps"] + cfg.inner.steps_per_promotion,
-                                                                 cfg.inner.max_steps)})
+                                                                 cfg.inner.max_steps)}, OmegaConf.from_dotlist(args.student))
 
     def score(model, which) -> np.ndarray:
         from soar.generation import HFGenerator
@@ -152,6 +157,7 @@ def main() -> None:
     summary = {name: {m: float(np.mean([r[name][m] for r in rows])) for m in base} for name in args.variants}
     report = {"run": str(run), "promotion": promotion["promotion"], "promotion_step": promotion["step"],
               "reward_metric": metric, "unsolved_questions": int(unsolved_Q.sum()), "student_steps": student_cfg.max_steps,
+              "student_overrides": args.student,
               "dataset_index": args.dataset_index, "promoted_student": base, "datasets": rows, "mean_gain": summary,
               "carry_datasets": carry_rows}
     if args.students > 1 and "as_written" in args.variants:
