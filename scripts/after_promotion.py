@@ -30,8 +30,9 @@ loop's own rewards cannot make once only one of the two runs has promoted:
 
 ``--from-step 28 --datasets 13`` takes the steps of a 40-step gate's last third instead of the first ones
 after the promotion, and ``--dataset-index 0 1`` two of each step's datasets (a row each).
-``--student max_steps=8 lr=5e-5`` trains the students from the promoted one with other inner-loop
-settings (the replay's from-base students keep the run's): what K's growth or the step size adds to the dip.
+``--student max_steps=8 lr=5e-5`` trains every student here with other inner-loop settings (the replay's
+from-base students keep K as the promoted one was trained, unless ``max_steps`` is set): what K's growth
+or the step size adds to the dip, and what the step size costs before a promotion.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def main() -> None:
     ap.add_argument("--replay", action="store_true",
                     help="also retrain the promoted dataset from the base model and from the promoted student")
     ap.add_argument("--student", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="student settings for the students trained from the promoted one (e.g. max_steps=8 lr=5e-5: "
+                    help="inner-loop settings for every student trained here (e.g. max_steps=8 lr=5e-5: "
                          "what K's growth or the step size does to the dip)")
     args = ap.parse_args()
 
@@ -90,8 +91,9 @@ def main() -> None:
     hard = [Problem(r["id"], r["question"], r["answer"]) for r in
             map(json.loads, (Path(cfg.loop.hard_set or run / "hard_set") / "hard_train.jsonl").read_text().splitlines())]
     template, metric = cfg.data.prompt_template, cfg.inner.reward_metric
+    overrides = OmegaConf.from_dotlist(args.student)
     student_cfg = OmegaConf.merge(cfg.student, {"max_steps": min(promotion["inner_steps"] + cfg.inner.steps_per_promotion,
-                                                                 cfg.inner.max_steps)}, OmegaConf.from_dotlist(args.student))
+                                                                 cfg.inner.max_steps)}, overrides)
 
     def score(model, which) -> np.ndarray:
         from soar.generation import HFGenerator
@@ -163,7 +165,7 @@ def main() -> None:
     if args.students > 1 and "as_written" in args.variants:
         report["icc"] = {m: icc([[g[m] for g in r["as_written"]["per_student"]] for r in rows]) for m in base}
     if args.replay:
-        report["replay"] = replay(run, cfg, promotion, base_Q, means, score, gains_on)
+        report["replay"] = replay(run, cfg, promotion, overrides, base_Q, means, score, gains_on)
         print(json.dumps(report["replay"]), flush=True)
     if args.against:
         report["against"] = {
@@ -175,7 +177,7 @@ def main() -> None:
     print(json.dumps({**summary, **{k: report[k] for k in ("against", "icc") if k in report}}, indent=1))
 
 
-def replay(run: Path, cfg, promotion: dict, promoted_Q: dict, means, score, gains_on) -> dict:
+def replay(run: Path, cfg, promotion: dict, overrides, promoted_Q: dict, means, score, gains_on) -> dict:
     """The promoted dataset retrained with new seeds from the base model (K as it was trained) and from the
     promoted student (K after the promotion): the promoted student's own gain against the typical one."""
     from omegaconf import OmegaConf
@@ -187,7 +189,7 @@ def replay(run: Path, cfg, promotion: dict, promoted_Q: dict, means, score, gain
     dataset = [q for q in map(json.loads, (run / "pq.jsonl").read_text().splitlines()) if q["promotion"] == 1]
     base_model = load_model(cfg.model)  # the model the first promotion was promoted over
     base_Q = {m: score(base_model, m) for m in promoted_Q}
-    as_trained = OmegaConf.merge(cfg.student, {"max_steps": promotion["inner_steps"]})
+    as_trained = OmegaConf.merge(cfg.student, {"max_steps": promotion["inner_steps"]}, overrides)
     return {"promoted_gain": {m: v - b for (m, v), b in zip(means(promoted_Q).items(), means(base_Q).values())},
             "from_base": gains_on(dataset, 0, base_model, base_Q, as_trained, "replay_base"),
             "from_promoted": gains_on(dataset, 0, label="replay_promoted")}
