@@ -303,7 +303,7 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     """``scripts/after_promotion.py --against``: the same datasets with the same seeds give a paired
     difference of exactly zero; ``--carries`` adds one oracle-answered dataset per carry group, of the
     run's dataset size; ``--dataset-index``/``--from-step`` choose the rows and ``--replay`` retrains the promoted
-    dataset; a run without a step after the promotion is named."""
+    dataset; ``--student`` sets every student's inner loop; a run without a step after the promotion is named."""
     from conftest import run_cli
 
     out, cmd = tmp_path / "after.json", [sys.executable, str(REPO / "scripts" / "after_promotion.py"), str(micro_run)]
@@ -326,5 +326,12 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     if report["unsolved_questions"] == len((micro_run / "hard_set" / "hard_train.jsonl").read_text().splitlines()):
         assert row["as_written"][f"{metric}_unsolved"] == pytest.approx(row["as_written"][metric])
     assert all(d["mean"] == 0 and d["n"] == 2 for d in diffs.values())
+    # --student reaches every student, the replay's too: at lr 0 none moves, so every gain is exactly 0.
+    run_cli([*cmd, "--variants", "as_written", "--datasets", "1", "--replay", "--student", "lr=0", "max_steps=1",
+             "--out", str(out)])
+    still = json.loads(out.read_text())
+    assert still["student_steps"] == 1 and still["student_overrides"] == ["lr=0", "max_steps=1"]
+    gains = [still["datasets"][0]["as_written"], still["replay"]["from_base"], still["replay"]["from_promoted"]]
+    assert all(g[m] == 0 for g in gains for m in still["promoted_student"])
     res = run_cli([*cmd, "--against", str(no_promotion_run), "--out", str(tmp_path / "x.json")], check=False)
     assert res.returncode != 0 and f"after the promotion at step 2 in {micro_run} and {no_promotion_run}" in res.stderr
