@@ -91,6 +91,10 @@ def main() -> None:
     hard = [Problem(r["id"], r["question"], r["answer"]) for r in
             map(json.loads, (Path(cfg.loop.hard_set or run / "hard_set") / "hard_train.jsonl").read_text().splitlines())]
     template, metric = cfg.data.prompt_template, cfg.inner.reward_metric
+    unknown = object()
+    for item in args.student:  # a misspelt key would otherwise train with the run's settings, silently
+        if "=" not in item or OmegaConf.select(cfg.student, item.split("=", 1)[0], default=unknown) is unknown:
+            raise SystemExit(f"--student {item}: not KEY=VALUE with KEY a student setting of {run / 'config.yaml'}")
     overrides = OmegaConf.from_dotlist(args.student)
     student_cfg = OmegaConf.merge(cfg.student, {"max_steps": min(promotion["inner_steps"] + cfg.inner.steps_per_promotion,
                                                                  cfg.inner.max_steps)}, overrides)

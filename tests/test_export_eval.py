@@ -333,5 +333,7 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     assert still["student_steps"] == 1 and still["student_overrides"] == ["lr=0", "max_steps=1"]
     gains = [still["datasets"][0]["as_written"], still["replay"]["from_base"], still["replay"]["from_promoted"]]
     assert all(g[m] == 0 for g in gains for m in still["promoted_student"])
+    res = run_cli([*cmd, "--student", "lrr=0", "--out", str(tmp_path / "x.json")], check=False)
+    assert res.returncode != 0 and "--student lrr=0: not KEY=VALUE with KEY a student setting" in res.stderr
     res = run_cli([*cmd, "--against", str(no_promotion_run), "--out", str(tmp_path / "x.json")], check=False)
     assert res.returncode != 0 and f"after the promotion at step 2 in {micro_run} and {no_promotion_run}" in res.stderr
