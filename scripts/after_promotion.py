@@ -30,6 +30,11 @@ loop's own rewards cannot make once only one of the two runs has promoted:
 
 ``--from-step 28 --datasets 13`` takes the steps of a 40-step gate's last third instead of the first ones
 after the promotion, and ``--dataset-index 0 1`` two of each step's datasets (a row each).
+``--start typical`` starts each student from a typical student of the promoted dataset instead (the
+replay's from-base student of the same index; its scores are ``start_students`` in the report): how much
+of the dip is the promoted student's selection luck. ``--start base`` starts from the base model the
+promotion was promoted over: where the same datasets take a student that has not learnt the promoted
+one (start plus gain, against the typical students' start plus gain: whether learning adds up).
 ``--student max_steps=8 lr=5e-5`` trains every student here with other inner-loop settings (the replay's
 from-base students keep K as the promoted one was trained, unless ``max_steps`` is set): what K's growth
 or the step size adds to the dip, and what the step size costs before a promotion.
@@ -68,6 +73,10 @@ def main() -> None:
                     help="carry-count groups (e.g. 0 7,8 12): oracle-answered world sums, one dataset each")
     ap.add_argument("--replay", action="store_true",
                     help="also retrain the promoted dataset from the base model and from the promoted student")
+    ap.add_argument("--start", choices=("promoted", "typical", "base"), default="promoted",
+                    help="what each student starts from: the promoted student; (typical) a student retrained "
+                         "from the base model on the promoted dataset with the replay's seeds, one per student; "
+                         "or the base model the promotion was promoted over")
     ap.add_argument("--student", nargs="*", default=[], metavar="KEY=VALUE",
                     help="inner-loop settings for every student trained here (e.g. max_steps=8 lr=5e-5: "
                          "what K's growth or the step size does to the dip)")
@@ -122,15 +131,24 @@ def main() -> None:
     against = step_dumps(Path(args.against), first) if args.against else {}
     rows = []
 
-    def gains_on(qs: list[dict], i: int, start=promoted, start_Q=base_Q, scfg=student_cfg, label="after") -> dict:
-        """Mean gain per metric over ``--students`` students trained from ``start`` (default: the promoted
-        student), and each student's (``per_student``)."""
+    def gains_on(qs: list[dict], i: int, start=None, start_Q=None, scfg=student_cfg, label="after") -> dict:
+        """Mean gain per metric over ``--students`` students trained from ``start`` (default: each student's
+        start, the promoted student unless ``--start typical``), and each student's (``per_student``)."""
         probs = [Problem(f"d{i}/{j}", q["question"], q["answer"]) for j, q in enumerate(qs)]
         gains = []
         for j in range(args.students):  # the same seeds for every variant and for the other run: paired
-            res = train_student(start, tok, grader, probs, scfg, template, derive_seed(0, label, i, j))
-            gains.append(means({m: score(res.trainer.model, m) - start_Q[m] for m in start_Q}))
+            model, model_Q = (start, start_Q) if start is not None else starts[j]
+            res = train_student(model, tok, grader, probs, scfg, template, derive_seed(0, label, i, j))
+            gains.append(means({m: score(res.trainer.model, m) - model_Q[m] for m in model_Q}))
         return {**{m: float(np.mean([g[m] for g in gains])) for m in base}, "per_student": gains}
+
+    starts = [(promoted, base_Q)] * args.students
+    if args.start == "typical":
+        starts = typical_starts(run, cfg, promotion, overrides, score, base_Q, args.students, tok, grader, template)
+    elif args.start == "base":
+        base_model = first_promotion(run, cfg, promotion)[0]
+        starts = [(base_model, {m: score(base_model, m) for m in base_Q})] * args.students
+    report_start = {"start": args.start, "start_students": [means(q) for _, q in starts]}
 
     steps = [step for step in after if not args.against or step in against][: args.datasets]
     if not steps:
@@ -164,12 +182,13 @@ def main() -> None:
     report = {"run": str(run), "promotion": promotion["promotion"], "promotion_step": promotion["step"],
               "reward_metric": metric, "unsolved_questions": int(unsolved_Q.sum()), "student_steps": student_cfg.max_steps,
               "student_overrides": args.student,
-              "dataset_index": args.dataset_index, "promoted_student": base, "datasets": rows, "mean_gain": summary,
+              "dataset_index": args.dataset_index, "promoted_student": base, **report_start, "datasets": rows,
+              "mean_gain": summary,
               "carry_datasets": carry_rows}
     if args.students > 1 and "as_written" in args.variants:
         report["icc"] = {m: icc([[g[m] for g in r["as_written"]["per_student"]] for r in rows]) for m in base}
     if args.replay:
-        report["replay"] = replay(run, cfg, promotion, overrides, base_Q, means, score, gains_on)
+        report["replay"] = replay(run, cfg, promotion, overrides, promoted, base_Q, means, score, gains_on)
         print(json.dumps(report["replay"]), flush=True)
     if args.against:
         report["against"] = {
@@ -181,22 +200,49 @@ def main() -> None:
     print(json.dumps({**summary, **{k: report[k] for k in ("against", "icc") if k in report}}, indent=1))
 
 
-def replay(run: Path, cfg, promotion: dict, overrides, promoted_Q: dict, means, score, gains_on) -> dict:
+def typical_starts(run: Path, cfg, promotion: dict, overrides, score, promoted_Q: dict, students: int, tok, grader,
+                   template) -> list:
+    """``students`` typical students of the promoted dataset, in place of the one promoted: each retrained
+    from the base model with the replay's from-base seeds (K as the promoted one was trained), and its
+    scores. Later datasets trained from these measure the dip without the promoted student's selection luck."""
+    from omegaconf import OmegaConf
+
+    from soar.data import Problem
+    from soar.seeding import derive_seed
+    from soar.students.trainer import train_student
+
+    base_model, dataset = first_promotion(run, cfg, promotion)
+    as_trained = OmegaConf.merge(cfg.student, {"max_steps": promotion["inner_steps"]}, overrides)
+    probs = [Problem(f"d0/{j}", q["question"], q["answer"]) for j, q in enumerate(dataset)]
+    starts = []
+    for j in range(students):
+        model = train_student(base_model, tok, grader, probs, as_trained, template,
+                              derive_seed(0, "replay_base", 0, j)).trainer.model
+        starts.append((model, {m: score(model, m) for m in promoted_Q}))
+    return starts
+
+
+def first_promotion(run: Path, cfg, promotion: dict) -> tuple:
+    """The model the run's first promotion was promoted over (the base model) and the promoted dataset."""
+    from soar.models import load_model
+
+    if promotion["promotion"] != 1:
+        raise SystemExit("--replay and --start typical measure the first promotion (over the base model)")
+    dataset = [q for q in map(json.loads, (run / "pq.jsonl").read_text().splitlines()) if q["promotion"] == 1]
+    return load_model(cfg.model), dataset
+
+
+def replay(run: Path, cfg, promotion: dict, overrides, promoted, promoted_Q: dict, means, score, gains_on) -> dict:
     """The promoted dataset retrained with new seeds from the base model (K as it was trained) and from the
     promoted student (K after the promotion): the promoted student's own gain against the typical one."""
     from omegaconf import OmegaConf
 
-    from soar.models import load_model
-
-    if promotion["promotion"] != 1:
-        raise SystemExit("--replay measures the first promotion (over the base model)")
-    dataset = [q for q in map(json.loads, (run / "pq.jsonl").read_text().splitlines()) if q["promotion"] == 1]
-    base_model = load_model(cfg.model)  # the model the first promotion was promoted over
+    base_model, dataset = first_promotion(run, cfg, promotion)
     base_Q = {m: score(base_model, m) for m in promoted_Q}
     as_trained = OmegaConf.merge(cfg.student, {"max_steps": promotion["inner_steps"]}, overrides)
     return {"promoted_gain": {m: v - b for (m, v), b in zip(means(promoted_Q).items(), means(base_Q).values())},
             "from_base": gains_on(dataset, 0, base_model, base_Q, as_trained, "replay_base"),
-            "from_promoted": gains_on(dataset, 0, label="replay_promoted")}
+            "from_promoted": gains_on(dataset, 0, promoted, promoted_Q, label="replay_promoted")}
 
 
 if __name__ == "__main__":

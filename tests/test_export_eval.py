@@ -303,7 +303,8 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     """``scripts/after_promotion.py --against``: the same datasets with the same seeds give a paired
     difference of exactly zero; ``--carries`` adds one oracle-answered dataset per carry group, of the
     run's dataset size; ``--dataset-index``/``--from-step`` choose the rows and ``--replay`` retrains the promoted
-    dataset; ``--student`` sets every student's inner loop; a run without a step after the promotion is named."""
+    dataset; ``--student`` sets every student's inner loop; ``--start`` what they start from; a run without a step
+    after the promotion is named."""
     from conftest import run_cli
 
     out, cmd = tmp_path / "after.json", [sys.executable, str(REPO / "scripts" / "after_promotion.py"), str(micro_run)]
@@ -333,6 +334,16 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     assert still["student_steps"] == 1 and still["student_overrides"] == ["lr=0", "max_steps=1"]
     gains = [still["datasets"][0]["as_written"], still["replay"]["from_base"], still["replay"]["from_promoted"]]
     assert all(g[m] == 0 for g in gains for m in still["promoted_student"])
+    # --start typical: each student starts from the replay's from-base student of its index, not the promoted one.
+    run_cli([*cmd, "--variants", "as_written", "--datasets", "1", "--replay", "--start", "typical", "--out", str(out)])
+    typical = json.loads(out.read_text())
+    replay, (start,) = typical["replay"], typical["start_students"]
+    base_score = {m: typical["promoted_student"][m] - replay["promoted_gain"][m] for m in start}
+    assert typical["start"] == "typical"
+    assert start == pytest.approx({m: base_score[m] + replay["from_base"]["per_student"][0][m] for m in start})
+    assert replay["from_promoted"] == report["replay"]["from_promoted"]  # still from the promoted student
+    run_cli([*cmd, "--variants", "as_written", "--datasets", "1", "--start", "base", "--out", str(out)])
+    assert json.loads(out.read_text())["start_students"] == [pytest.approx(base_score)]  # the model promoted over
     res = run_cli([*cmd, "--student", "lrr=0", "--out", str(tmp_path / "x.json")], check=False)
     assert res.returncode != 0 and "--student lrr=0: not KEY=VALUE with KEY a student setting" in res.stderr
     res = run_cli([*cmd, "--against", str(no_promotion_run), "--out", str(tmp_path / "x.json")], check=False)
