@@ -217,7 +217,7 @@ def typical_starts(run: Path, cfg, promotion: dict, overrides, score, promoted_Q
     starts = []
     for j in range(students):
         model = train_student(base_model, tok, grader, probs, as_trained, template,
-                              derive_seed(0, "replay_base", 0, j)).trainer.model
+                              derive_seed(0, "replay_base", 0, j)).trainer.export_model()  # LoRA merged
         starts.append((model, {m: score(model, m) for m in promoted_Q}))
     return starts
 
