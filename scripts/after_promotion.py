@@ -133,21 +133,27 @@ def main() -> None:
 
     def gains_on(qs: list[dict], i: int, start=None, start_Q=None, scfg=student_cfg, label="after") -> dict:
         """Mean gain per metric over ``--students`` students trained from ``start`` (default: each student's
-        start, the promoted student unless ``--start typical``), and each student's (``per_student``)."""
+        start, as ``--start`` chose), and each student's (``per_student``)."""
         probs = [Problem(f"d{i}/{j}", q["question"], q["answer"]) for j, q in enumerate(qs)]
         gains = []
         for j in range(args.students):  # the same seeds for every variant and for the other run: paired
             model, model_Q = (start, start_Q) if start is not None else starts[j]
             res = train_student(model, tok, grader, probs, scfg, template, derive_seed(0, label, i, j))
             gains.append(means({m: score(res.trainer.model, m) - model_Q[m] for m in model_Q}))
+        return summarise(gains)
+
+    def summarise(gains: list[dict]) -> dict:
         return {**{m: float(np.mean([g[m] for g in gains])) for m in base}, "per_student": gains}
 
+    # The first promotion's base model and its dataset retrained from it: built once, for --replay and --start.
+    retrained = args.students if args.replay or args.start == "typical" else 0
+    first_promo = (from_base(run, cfg, promotion, overrides, score, base_Q, retrained, tok, grader, template)
+                   if args.replay or args.start != "promoted" else None)
     starts = [(promoted, base_Q)] * args.students
     if args.start == "typical":
-        starts = typical_starts(run, cfg, promotion, overrides, score, base_Q, args.students, tok, grader, template)
+        starts = first_promo["students"]
     elif args.start == "base":
-        base_model = first_promotion(run, cfg, promotion)[0]
-        starts = [(base_model, {m: score(base_model, m) for m in base_Q})] * args.students
+        starts = [(first_promo["model"], first_promo["Q"])] * args.students
     report_start = {"start": args.start, "start_students": [means(q) for _, q in starts]}
 
     steps = [step for step in after if not args.against or step in against][: args.datasets]
@@ -188,7 +194,7 @@ def main() -> None:
     if args.students > 1 and "as_written" in args.variants:
         report["icc"] = {m: icc([[g[m] for g in r["as_written"]["per_student"]] for r in rows]) for m in base}
     if args.replay:
-        report["replay"] = replay(run, cfg, promotion, overrides, promoted, base_Q, means, score, gains_on)
+        report["replay"] = replay(first_promo, promoted, base_Q, means, summarise, gains_on)
         print(json.dumps(report["replay"]), flush=True)
     if args.against:
         report["against"] = {
@@ -200,49 +206,41 @@ def main() -> None:
     print(json.dumps({**summary, **{k: report[k] for k in ("against", "icc") if k in report}}, indent=1))
 
 
-def typical_starts(run: Path, cfg, promotion: dict, overrides, score, promoted_Q: dict, students: int, tok, grader,
-                   template) -> list:
-    """``students`` typical students of the promoted dataset, in place of the one promoted: each retrained
-    from the base model with the replay's from-base seeds (K as the promoted one was trained), and its
-    scores. Later datasets trained from these measure the dip without the promoted student's selection luck."""
+def from_base(run: Path, cfg, promotion: dict, overrides, score, promoted_Q: dict, students: int, tok, grader,
+              template) -> dict:
+    """The model the run's first promotion was promoted over (the base model), its scores, the promoted
+    dataset, and ``students`` typical students of that dataset: each retrained from the base model with new
+    seeds (K as the promoted one was trained), standalone, with its scores. Later datasets trained from these
+    measure the dip without the promoted student's selection luck."""
     from omegaconf import OmegaConf
 
     from soar.data import Problem
+    from soar.models import load_model
     from soar.seeding import derive_seed
     from soar.students.trainer import train_student
 
-    base_model, dataset = first_promotion(run, cfg, promotion)
+    if promotion["promotion"] != 1:
+        raise SystemExit("--replay and --start typical|base measure the first promotion (over the base model)")
+    dataset = [q for q in map(json.loads, (run / "pq.jsonl").read_text().splitlines()) if q["promotion"] == 1]
+    base_model = load_model(cfg.model)
     as_trained = OmegaConf.merge(cfg.student, {"max_steps": promotion["inner_steps"]}, overrides)
     probs = [Problem(f"d0/{j}", q["question"], q["answer"]) for j, q in enumerate(dataset)]
-    starts = []
+    trained = []
     for j in range(students):
         model = train_student(base_model, tok, grader, probs, as_trained, template,
                               derive_seed(0, "replay_base", 0, j)).trainer.export_model()  # LoRA merged
-        starts.append((model, {m: score(model, m) for m in promoted_Q}))
-    return starts
+        trained.append((model, {m: score(model, m) for m in promoted_Q}))
+    return {"model": base_model, "Q": {m: score(base_model, m) for m in promoted_Q}, "dataset": dataset,
+            "students": trained}
 
 
-def first_promotion(run: Path, cfg, promotion: dict) -> tuple:
-    """The model the run's first promotion was promoted over (the base model) and the promoted dataset."""
-    from soar.models import load_model
-
-    if promotion["promotion"] != 1:
-        raise SystemExit("--replay and --start typical measure the first promotion (over the base model)")
-    dataset = [q for q in map(json.loads, (run / "pq.jsonl").read_text().splitlines()) if q["promotion"] == 1]
-    return load_model(cfg.model), dataset
-
-
-def replay(run: Path, cfg, promotion: dict, overrides, promoted, promoted_Q: dict, means, score, gains_on) -> dict:
+def replay(first_promo: dict, promoted, promoted_Q: dict, means, summarise, gains_on) -> dict:
     """The promoted dataset retrained with new seeds from the base model (K as it was trained) and from the
     promoted student (K after the promotion): the promoted student's own gain against the typical one."""
-    from omegaconf import OmegaConf
-
-    base_model, dataset = first_promotion(run, cfg, promotion)
-    base_Q = {m: score(base_model, m) for m in promoted_Q}
-    as_trained = OmegaConf.merge(cfg.student, {"max_steps": promotion["inner_steps"]}, overrides)
+    base_Q = first_promo["Q"]
     return {"promoted_gain": {m: v - b for (m, v), b in zip(means(promoted_Q).items(), means(base_Q).values())},
-            "from_base": gains_on(dataset, 0, base_model, base_Q, as_trained, "replay_base"),
-            "from_promoted": gains_on(dataset, 0, promoted, promoted_Q, label="replay_promoted")}
+            "from_base": summarise([means({m: Q[m] - base_Q[m] for m in base_Q}) for _, Q in first_promo["students"]]),
+            "from_promoted": gains_on(first_promo["dataset"], 0, promoted, promoted_Q, label="replay_promoted")}
 
 
 if __name__ == "__main__":
