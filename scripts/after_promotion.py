@@ -131,14 +131,14 @@ def main() -> None:
     against = step_dumps(Path(args.against), first) if args.against else {}
     rows = []
 
-    def gains_on(qs: list[dict], i: int, start=None, start_Q=None, scfg=student_cfg, label="after") -> dict:
+    def gains_on(qs: list[dict], i: int, start=None, start_Q=None, label="after") -> dict:
         """Mean gain per metric over ``--students`` students trained from ``start`` (default: each student's
         start, as ``--start`` chose), and each student's (``per_student``)."""
         probs = [Problem(f"d{i}/{j}", q["question"], q["answer"]) for j, q in enumerate(qs)]
         gains = []
         for j in range(args.students):  # the same seeds for every variant and for the other run: paired
             model, model_Q = (start, start_Q) if start is not None else starts[j]
-            res = train_student(model, tok, grader, probs, scfg, template, derive_seed(0, label, i, j))
+            res = train_student(model, tok, grader, probs, student_cfg, template, derive_seed(0, label, i, j))
             gains.append(means({m: score(res.trainer.model, m) - model_Q[m] for m in model_Q}))
         return summarise(gains)
 
