@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from frontier import mean_se  # scripts/frontier.py: run as a script, scripts/ is on sys.path
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 VARIANTS = {"grounded": [], "base": ["teacher.frozen=true"],
@@ -149,24 +150,21 @@ def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
         gt_l, bt_l = last_third(gt[:n]), last_third(bt[:n])
         per_seed[s] = float(np.mean(gt_l) - np.mean(bt_l))
         pooled += [a - b for a, b in zip(gt_l, bt_l)]
-    diffs = np.array(pooled)
-    se = float(diffs.std(ddof=1) / np.sqrt(len(diffs))) if len(diffs) > 1 else float("nan")
-    seed_diffs = np.array(list(per_seed.values()))
+    pooled_paired = mean_se(pooled) if pooled else {"mean": None, "se": None, "n": 0, "values": []}
+    mean, se = pooled_paired["mean"], pooled_paired["se"]
+    pooled_paired["z"] = mean / se if se else None
     promotions = {s: runs[f"grounded_s{s}"]["promotions"] for s in seeds}
     base_promotions = {s: runs[f"{base}_s{s}"]["promotions"] for s in seeds}
     wins = sum(d > 0 for d in per_seed.values())
     return {"gt_minus_bt_last_third": per_seed,
-            "pooled_paired": {"mean": float(diffs.mean()) if len(diffs) else None, "se": se, "n": int(len(diffs)),
-                              "z": float(diffs.mean() / se) if len(diffs) > 1 and se > 0 else None},
-            "seed_level": {"mean": float(seed_diffs.mean()) if len(seed_diffs) else None,
-                           "se": float(seed_diffs.std(ddof=1) / np.sqrt(len(seed_diffs))) if len(seed_diffs) > 1 else None,
-                           "n": int(len(seed_diffs))},
+            "pooled_paired": pooled_paired,
+            "seed_level": mean_se(list(per_seed.values())) if per_seed else {"mean": None, "se": None, "n": 0},
             "seeds_grounded_beats_base": int(wins), "promotions": promotions, "base_promotions": base_promotions,
             # a last third where the two runs were promoted a different number of times compares rewards
             # against baselines of different strength: read those seeds with after_promotion.py --against
             "seeds_promotions_differ": [s for s in seeds if promotions[s] != base_promotions[s]],
             "seeds_with_promotion": int(sum(p > 0 for p in promotions.values())),
-            "passes_reward_gate": bool(wins * 3 >= 2 * len(seeds) and len(diffs) > 1 and diffs.mean() > 2 * se),
+            "passes_reward_gate": bool(wins * 3 >= 2 * len(seeds) and se is not None and mean > 2 * se),
             "passes_promotion_gate": bool(sum(p > 0 for p in promotions.values()) * 3 >= 2 * len(seeds))}
 
 

@@ -3,13 +3,15 @@ trajectories on a real step dump layout."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-spec = importlib.util.spec_from_file_location(
-    "compare_teachers", Path(__file__).resolve().parent.parent / "scripts" / "compare_teachers.py")
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # its `from frontier import ...`, as when run as a script
+spec = importlib.util.spec_from_file_location("compare_teachers", SCRIPTS / "compare_teachers.py")
 gate_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gate_script)
 
