@@ -29,7 +29,8 @@ loop's own rewards cannot make once only one of the two runs has promoted:
         --variants as_written --datasets 12 --out after_promotion_s0.json
 
 ``--from-step 28 --datasets 13`` takes the steps of a 40-step gate's last third instead of the first ones
-after the promotion, and ``--dataset-index 0 1`` two of each step's datasets (a row each).
+after the promotion, ``--promotion 2`` starts from the run's second promoted student (and its steps after
+that promotion; the loop's baseline there) instead of the first, and ``--dataset-index 0 1`` two of each step's datasets (a row each).
 ``--start typical`` starts each student from a typical student of the promoted dataset instead (the
 replay's from-base student of the same index; its scores are ``start_students`` in the report): how much
 of the dip is the promoted student's selection luck. ``--start base`` starts from the base model the
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--against", help="another run whose same-step datasets are scored the same way (as written)")
     ap.add_argument("--dataset-index", type=int, nargs="+", default=[0], help="which of a step's g datasets (a row each)")
+    ap.add_argument("--promotion", type=int, default=1,
+                    help="start from the run's Nth promoted student (--replay and --start typical|base need 1)")
     ap.add_argument("--from-step", type=int, default=0,
                     help="only step dumps from this step on (e.g. the gate's last third), still after the promotion")
     ap.add_argument("--carries", nargs="*", default=[],
@@ -93,7 +96,10 @@ def main() -> None:
 
     run = Path(args.run_dir)
     cfg = OmegaConf.load(run / "config.yaml")
-    promotion = json.loads((run / "promotions.jsonl").read_text().splitlines()[0])
+    promotions = (run / "promotions.jsonl").read_text().splitlines()
+    if not 1 <= args.promotion <= len(promotions):
+        raise SystemExit(f"--promotion {args.promotion}: {run / 'promotions.jsonl'} has {len(promotions)} promotions")
+    promotion = json.loads(promotions[args.promotion - 1])
     oracle = resolve_hook(cfg, "loop.answer_oracle")  # "world" (newer runs) or a dotted path
     mcfg = OmegaConf.merge(cfg.model, {"path": str(run / promotion["path"])})
     promoted, tok, grader = load_model(mcfg), load_tokenizer(mcfg), make_grader(cfg.data.grader)

@@ -8,6 +8,7 @@ problems), aggregated to mean ± SD per method and k, with plots (``soar-report`
     python scripts/compare_methods.py --out runs/methods --seeds 0 1 2 -- loop.steps=30   # extra overrides
     python scripts/compare_methods.py --out runs/methods --gate runs/gate     # reuse the gate's runs
     python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ   # PQ vs Hard-Only only
+    python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ "Base-T PQ"  # + the frozen teacher's PQ
 
 With ``--gate DIR`` (a ``scripts/compare_teachers.py`` output) the hard set and the Grounded-T and
 Base-T runs are the gate's, and ``benchmarks/results/soar_world.json`` gets the verdict keys next to
@@ -47,7 +48,9 @@ STAGES = {"soar-world": "world_main", "soar-filter": "filter_main", "soar-train"
           "soar-export": "export_main", "soar-eval": "eval_main"}
 TEACHERS = {"Grounded-T": [], "Intrinsic-T": ["teacher.reward=intrinsic", "promotion.enabled=false"],
             "Base-T": ["teacher.frozen=true", "promotion.enabled=false"]}
-ROWS = ("Hard-Only", "Oracle", *TEACHERS, "SOAR-PQ", "SOAR-PS", "Base model")
+ROWS = ("Hard-Only", "Oracle", *TEACHERS, "SOAR-PQ", "SOAR-PS", "Base-T PQ", "Base model")
+"""``Base-T PQ``: the Promotion Questions of the gate's frozen-teacher runs (``--gate`` only, where
+Base-T promotes by the same rule), against which SOAR-PQ shows what the teacher's learning added."""
 
 
 def cli(stage: str) -> list[str]:
@@ -98,6 +101,8 @@ def main() -> None:
     args = ap.parse_args()
     if "Hard-Only" not in args.rows:
         ap.error("--rows needs Hard-Only: every verdict is measured against it")
+    if "Base-T PQ" in args.rows and not args.gate:
+        ap.error("--rows 'Base-T PQ' needs --gate: without it Base-T runs without promotion")
     if args.smoke:
         args.seeds, args.students, args.questions, args.eval_steps, args.samples = [0], 1, 8, 6, 8
     experiment = "arith_micro" if args.smoke else "arith"
@@ -121,7 +126,8 @@ def main() -> None:
     common.append(f"loop.hard_set={hard}")
 
     # 2. teachers
-    teachers = [name for name in TEACHERS if name == "Grounded-T" or name in args.rows]
+    teachers = [name for name in TEACHERS if name == "Grounded-T" or name in args.rows
+                or (name == "Base-T" and "Base-T PQ" in args.rows)]
     runs = {(name, s): out / "train" / f"{name}_s{s}" for name in teachers for s in args.seeds}
     if gate:
         runs.update({(name, s): gate / f"{v}_s{s}" for name, v in (("Grounded-T", "grounded"), ("Base-T", "base"))
@@ -139,7 +145,7 @@ def main() -> None:
     pq_cfg = [f"pq.min_promotions={args.min_promotions}"]
     eligible = []
     for (name, seed), run in runs.items():
-        if name == "Grounded-T" and sh([*cli("soar-export"), str(run), *pq_cfg, "export.models=false",
+        if (name == "Grounded-T" or (name == "Base-T" and gate)) and sh([*cli("soar-export"), str(run), *pq_cfg, "export.models=false",
                                         f"export.out={run / 'export_pq'}"], log, check=False) == 0:
             eligible.append(run)
         if name in args.rows and not (run / "export_samples" / "export.json").exists():
@@ -160,8 +166,9 @@ def main() -> None:
                 samples = next((runs[(name, seed)] / "export_samples").glob("teacher_step_*"))
                 jobs.append((name, k, ["eval.method=questions", f"eval.questions={samples}",
                                        f"eval.run_dir={runs[(name, seed)]}"], seed))
-            if runs[("Grounded-T", seed)] in eligible:
-                jobs.append(("SOAR-PQ", k, ["eval.method=pq", f"eval.run_dir={runs[('Grounded-T', seed)]}"], seed))
+            for label, name in (("SOAR-PQ", "Grounded-T"), ("Base-T PQ", "Base-T")):
+                if runs.get((name, seed)) in eligible:
+                    jobs.append((label, k, ["eval.method=pq", f"eval.run_dir={runs[(name, seed)]}"], seed))
         if runs[("Grounded-T", seed)] in eligible:
             jobs.append(("SOAR-PS", seed, ["eval.method=ps", f"eval.run_dir={runs[('Grounded-T', seed)]}"], seed))
     jobs.append(("Base model", 0, ["eval.method=base", f"eval.run_dir={anchor}"], None))
@@ -196,7 +203,7 @@ def main() -> None:
         return {s: float(np.mean(v)) for s, v in vals.items()}
 
     verdict, ho_by_seed = {}, by_teacher_seed("Hard-Only")
-    for label in ("SOAR-PQ", "SOAR-PS", "Grounded-T"):
+    for label in ("SOAR-PQ", "SOAR-PS", "Base-T PQ", "Grounded-T"):
         if label in agg["table"]:
             m, n = agg["table"][label]["metrics"][key], agg["table"][label]["seeds"]
             se = float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))

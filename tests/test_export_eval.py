@@ -304,7 +304,7 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     difference of exactly zero; ``--carries`` adds one oracle-answered dataset per carry group, of the
     run's dataset size; ``--dataset-index``/``--from-step`` choose the rows and ``--replay`` retrains the promoted
     dataset; ``--student`` sets every student's inner loop; ``--start`` what they start from; a run without a step
-    after the promotion is named."""
+    after the promotion, and a ``--promotion`` the run does not have, are named."""
     from conftest import run_cli
 
     out, cmd = tmp_path / "after.json", [sys.executable, str(REPO / "scripts" / "after_promotion.py"), str(micro_run)]
@@ -348,3 +348,5 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     assert res.returncode != 0 and "--student lrr=0: not KEY=VALUE with KEY a student setting" in res.stderr
     res = run_cli([*cmd, "--against", str(no_promotion_run), "--out", str(tmp_path / "x.json")], check=False)
     assert res.returncode != 0 and f"after the promotion at step 2 in {micro_run} and {no_promotion_run}" in res.stderr
+    res = run_cli([*cmd, "--promotion", "2", "--out", str(tmp_path / "x.json")], check=False)  # the run promoted once
+    assert res.returncode != 0 and f"--promotion 2: {micro_run / 'promotions.jsonl'} has 1 promotions" in res.stderr
