@@ -30,7 +30,8 @@ loop's own rewards cannot make once only one of the two runs has promoted:
 
 ``--from-step 28 --datasets 13`` takes the steps of a 40-step gate's last third instead of the first ones
 after the promotion, ``--promotion 2`` starts from the run's second promoted student (and its steps after
-that promotion; the loop's baseline there) instead of the first, and ``--dataset-index 0 1`` two of each step's datasets (a row each).
+that promotion; the loop's baseline there) instead of the first, and ``--dataset-index 0 1`` two of each
+step's datasets (a row each).
 ``--start typical`` starts each student from a typical student of the promoted dataset instead (the
 replay's from-base student of the same index; its scores are ``start_students`` in the report): how much
 of the dip is the promoted student's selection luck. ``--start base`` starts from the base model the

@@ -48,9 +48,11 @@ STAGES = {"soar-world": "world_main", "soar-filter": "filter_main", "soar-train"
           "soar-export": "export_main", "soar-eval": "eval_main"}
 TEACHERS = {"Grounded-T": [], "Intrinsic-T": ["teacher.reward=intrinsic", "promotion.enabled=false"],
             "Base-T": ["teacher.frozen=true", "promotion.enabled=false"]}
+PQ_ROWS = {"SOAR-PQ": "Grounded-T", "Base-T PQ": "Base-T"}
+"""Rows of fresh students on a teacher's Promotion Questions. ``Base-T PQ``: the gate's frozen-teacher
+runs' (``--gate`` only, where Base-T promotes by the same rule), against which SOAR-PQ shows what the
+teacher's learning added."""
 ROWS = ("Hard-Only", "Oracle", *TEACHERS, "SOAR-PQ", "SOAR-PS", "Base-T PQ", "Base model")
-"""``Base-T PQ``: the Promotion Questions of the gate's frozen-teacher runs (``--gate`` only, where
-Base-T promotes by the same rule), against which SOAR-PQ shows what the teacher's learning added."""
 
 
 def cli(stage: str) -> list[str]:
@@ -126,8 +128,9 @@ def main() -> None:
     common.append(f"loop.hard_set={hard}")
 
     # 2. teachers
-    teachers = [name for name in TEACHERS if name == "Grounded-T" or name in args.rows
-                or (name == "Base-T" and "Base-T PQ" in args.rows)]
+    # Grounded-T's PQ is always exported: SOAR-PS and the anchor need its runs and eligibility
+    pq_teachers = {"Grounded-T"} | {PQ_ROWS[row] for row in args.rows if row in PQ_ROWS}
+    teachers = [name for name in TEACHERS if name in pq_teachers or name in args.rows]
     runs = {(name, s): out / "train" / f"{name}_s{s}" for name in teachers for s in args.seeds}
     if gate:
         runs.update({(name, s): gate / f"{v}_s{s}" for name, v in (("Grounded-T", "grounded"), ("Base-T", "base"))
@@ -145,8 +148,8 @@ def main() -> None:
     pq_cfg = [f"pq.min_promotions={args.min_promotions}"]
     eligible = []
     for (name, seed), run in runs.items():
-        if (name == "Grounded-T" or (name == "Base-T" and gate)) and sh([*cli("soar-export"), str(run), *pq_cfg, "export.models=false",
-                                        f"export.out={run / 'export_pq'}"], log, check=False) == 0:
+        if name in pq_teachers and sh([*cli("soar-export"), str(run), *pq_cfg, "export.models=false",
+                                       f"export.out={run / 'export_pq'}"], log, check=False) == 0:
             eligible.append(run)
         if name in args.rows and not (run / "export_samples" / "export.json").exists():
             sh([*cli("soar-export"), str(run), "export.pq=false", "export.models=false", f"export.samples={args.questions}",
@@ -166,7 +169,7 @@ def main() -> None:
                 samples = next((runs[(name, seed)] / "export_samples").glob("teacher_step_*"))
                 jobs.append((name, k, ["eval.method=questions", f"eval.questions={samples}",
                                        f"eval.run_dir={runs[(name, seed)]}"], seed))
-            for label, name in (("SOAR-PQ", "Grounded-T"), ("Base-T PQ", "Base-T")):
+            for label, name in PQ_ROWS.items():
                 if runs.get((name, seed)) in eligible:
                     jobs.append((label, k, ["eval.method=pq", f"eval.run_dir={runs[(name, seed)]}"], seed))
         if runs[("Grounded-T", seed)] in eligible:
@@ -203,7 +206,7 @@ def main() -> None:
         return {s: float(np.mean(v)) for s, v in vals.items()}
 
     verdict, ho_by_seed = {}, by_teacher_seed("Hard-Only")
-    for label in ("SOAR-PQ", "SOAR-PS", "Base-T PQ", "Grounded-T"):
+    for label in (*PQ_ROWS, "SOAR-PS", "Grounded-T"):
         if label in agg["table"]:
             m, n = agg["table"][label]["metrics"][key], agg["table"][label]["seeds"]
             se = float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))

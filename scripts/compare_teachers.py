@@ -150,7 +150,7 @@ def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
         gt_l, bt_l = last_third(gt[:n]), last_third(bt[:n])
         per_seed[s] = float(np.mean(gt_l) - np.mean(bt_l))
         pooled += [a - b for a, b in zip(gt_l, bt_l)]
-    pooled_paired = mean_se(pooled) if pooled else {"mean": None, "se": None, "n": 0, "values": []}
+    pooled_paired = mean_se(pooled)
     mean, se = pooled_paired["mean"], pooled_paired["se"]
     pooled_paired["z"] = mean / se if se else None
     promotions = {s: runs[f"grounded_s{s}"]["promotions"] for s in seeds}
@@ -158,7 +158,7 @@ def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
     wins = sum(d > 0 for d in per_seed.values())
     return {"gt_minus_bt_last_third": per_seed,
             "pooled_paired": pooled_paired,
-            "seed_level": mean_se(list(per_seed.values())) if per_seed else {"mean": None, "se": None, "n": 0},
+            "seed_level": mean_se(list(per_seed.values())),
             "seeds_grounded_beats_base": int(wins), "promotions": promotions, "base_promotions": base_promotions,
             # a last third where the two runs were promoted a different number of times compares rewards
             # against baselines of different strength: read those seeds with after_promotion.py --against

@@ -55,6 +55,8 @@ def _student(task):
 
 def mean_se(xs) -> dict:
     xs = np.asarray(xs, dtype=float)
+    if not len(xs):
+        return {"mean": None, "se": None, "n": 0, "values": []}
     return {"mean": float(xs.mean()), "se": float(xs.std(ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None,
             "n": int(len(xs)), "values": [float(x) for x in xs]}
 
