@@ -8,7 +8,7 @@ problems), aggregated to mean ± SD per method and k, with plots (``soar-report`
     python scripts/compare_methods.py --out runs/methods --seeds 0 1 2 -- loop.steps=30   # extra overrides
     python scripts/compare_methods.py --out runs/methods --gate runs/gate     # reuse the gate's runs
     python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ   # PQ vs Hard-Only only
-    python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ "Base-T PQ"  # + the frozen teacher's PQ
+    python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ "Base-T PQ"  # + Base-T PQ
 
 With ``--gate DIR`` (a ``scripts/compare_teachers.py`` output) the hard set and the Grounded-T and
 Base-T runs are the gate's, and ``benchmarks/results/soar_world.json`` gets the verdict keys next to
