@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--students", type=int, default=2, help="fresh-student seeds per teacher / PQ dataset")
     ap.add_argument("--questions", type=int, default=128, help="questions sampled per teacher (paper: 128)")
     ap.add_argument("--min-promotions", type=int, default=1, help="PQ/PS eligibility (paper: 3)")
-    ap.add_argument("--mixing", default="mixed", choices=["mixed", "curriculum"])
+    ap.add_argument("--mixing", choices=["mixed", "curriculum"], help="fresh students' eval.mixing (default: the preset's)")
     ap.add_argument("--eval-steps", type=int, default=40, help="fresh-student steps (paper: up to 1500)")
     ap.add_argument("--samples", type=int, default=32, help="pass@k samples per hard-test problem (paper: 32)")
     ap.add_argument("--parallel", type=int, default=2)
@@ -156,7 +156,7 @@ def main() -> None:
                 f"export.out={run / 'export_samples'}"], log)
 
     # 4. fresh students and inference-only rows
-    ev = [*common, *eval_overrides(args), f"eval.mixing={args.mixing}", *pq_cfg]
+    ev = [*common, *eval_overrides(args), *([f"eval.mixing={args.mixing}"] if args.mixing else []), *pq_cfg]
     jobs = []
     student_seeds = range(args.students)
     anchor = runs[("Grounded-T", args.seeds[0])]

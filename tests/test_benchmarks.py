@@ -157,8 +157,9 @@ def test_custom_datasetdict_folder_reads_the_configured_split(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- paper presets
-@pytest.mark.parametrize("preset,data_name,pool", [("paper_math", "math", 5000), ("paper_harp", "harp", 4780)])
-def test_paper_presets_pin_table_3(preset, data_name, pool):
+@pytest.mark.parametrize("preset,data_name,pool,mixing", [("paper_math", "math", 5000, "curriculum"),
+                                                          ("paper_harp", "harp", 4780, "mixed")])
+def test_paper_presets_pin_table_3(preset, data_name, pool, mixing):
     from soar.config import PAPER_STUDENT_TEMPLATE
     from soar.teachers.prompts import PAPER_TEACHER_PROMPT
 
@@ -174,6 +175,7 @@ def test_paper_presets_pin_table_3(preset, data_name, pool):
             t.max_tokens, t.max_steps) == (PAPER_TEACHER_PROMPT, 4, 64, 1e-5, 20, 0.001, 1.0, 512, 200)
     assert (inner.replicates, inner.reward_questions, inner.steps_per_promotion, inner.max_steps) == (4, 64, 5, 20)
     assert (promo.enabled, promo.tau, promo.window, cfg.loop.steps) == (True, 0.01, 3, 200)
+    assert (cfg.eval.mixing, cfg.eval.curriculum_steps, cfg.eval.steps, cfg.eval.warmup_steps) == (mixing, 64, 1500, 20)
     for stage in ("filter", "train"):
         validate(cfg, stage)
     assert len(load_problems(cfg.data)) == 4
