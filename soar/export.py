@@ -25,7 +25,7 @@ from soar.config import ConfigError, DataConfig
 from soar.data import load_problems
 from soar.generation import SamplingParams
 from soar.grading import make_grader
-from soar.models import load_model, load_tokenizer, model_context
+from soar.models import load_model, load_tokenizer, load_trainer_state, model_context
 from soar.rundata import RunData, RunDataError, check_eligible, read_json, read_run
 from soar.seeding import derive_seed
 from soar.teachers.sampling import sample_valid
@@ -89,7 +89,6 @@ def pq_rows(run: RunData) -> list[dict]:
 def load_teacher(run: RunData, step: int | None):
     """The run's teacher after outer step ``step`` (None: the last checkpoint) as a ``TeacherPolicy``
     (its format filter and generator), and the step it is at."""
-    import torch
     from omegaconf import OmegaConf
 
     kind, path = run.teacher_checkpoint(step)
@@ -103,7 +102,7 @@ def load_teacher(run: RunData, step: int | None):
                             model_context(model, cfg.model))
     if kind == "state":
         try:
-            state = torch.load(path, weights_only=False)
+            state = load_trainer_state(path)
         except Exception as exc:
             raise RunDataError(f"{path}: corrupt teacher checkpoint ({exc})") from exc
         teacher.trainer.load_state_dict(state)

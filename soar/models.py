@@ -155,6 +155,13 @@ def is_peft(model) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
+def load_trainer_state(path) -> dict:
+    """A trainer's ``state_dict`` as ``torch.save`` wrote it, every tensor on the CPU: a run written on
+    a GPU resumes on a machine without one (``load_state_dict`` copies the tensors onto the model's
+    device, and the optimiser casts its state to its parameters')."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
 def save_policy(model, tokenizer, out_dir) -> None:
     """HF-format policy (merged) plus the adapter itself under ``adapter/`` for a peft model."""
     if is_peft(model):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from soar.models import load_trainer_state
+
 
 @dataclass
 class LoopState:
@@ -49,7 +51,7 @@ class LoopState:
             correct = fields.pop("baseline_correct")
             fields["baseline_scores"] = {} if correct is None else {"accuracy": correct}
         state = cls(**fields)
-        return state, torch.load(folder / "teacher.pt", weights_only=False)
+        return state, load_trainer_state(folder / "teacher.pt")
 
 
 def save_model_atomic(trainer, folder: Path) -> None:

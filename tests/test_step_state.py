@@ -1,6 +1,7 @@
 """Two loop-level suspects: in-process students each kept their trainer (optimiser state, schedule,
 full-FT reference copy) until the outer step ended (~4 model copies x g*r students); with
-``teacher.groups_per_step > 1`` the step's ``student/inner_*`` metrics were the last group's only."""
+``teacher.groups_per_step > 1`` the step's ``student/inner_*`` metrics were the last group's only. And
+the step state itself: a checkpoint written on a GPU must resume on a machine without one."""
 
 from __future__ import annotations
 
@@ -89,3 +90,28 @@ def test_two_groups_per_step_report_both_groups(tiny_model_dir, tmp_path, monkey
                                                               + seen[1]["student/inner_reward_mean"]) / 2)
     assert row["compute/student_steps"] == seen[0]["compute/student_steps"] + seen[1]["compute/student_steps"]
     assert soar.loop.merge_group_metrics(seen) == {k: row[k] for k in seen[0]}
+
+
+def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_only_machine(tmp_path):
+    """A gate on a GPU host stops at its call's limit and continues on 2 cores, from a ``teacher.pt``
+    of CUDA tensors. No GPU here: a tagger ahead of torch's own marks the storages ``cuda:0`` when
+    saving, which is what a GPU's tensors are marked."""
+    import torch
+    from torch import serialization
+
+    from soar.state import LoopState
+
+    teacher_state = {"trainable": {"w": torch.arange(6.0).reshape(2, 3)}, "optimizer": {"state": {}}, "step": 4}
+    as_if_on_a_gpu = (lambda storage: "cuda:0", lambda storage, location: None)
+    serialization.register_package(-100, *as_if_on_a_gpu)
+    try:
+        LoopState(step=4).save(tmp_path, teacher_state)
+    finally:
+        serialization._package_registry[:] = [e for e in serialization._package_registry if e[1] is not as_if_on_a_gpu[0]]
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):  # what resuming did before (2026-12-04)
+            torch.load(tmp_path / "teacher.pt", weights_only=False)
+    state, loaded = LoopState.load(tmp_path)
+    assert state.step == 4 and loaded["step"] == 4
+    assert loaded["trainable"]["w"].device.type == "cpu"
+    assert torch.equal(loaded["trainable"]["w"], teacher_state["trainable"]["w"])

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from soar.data import load_problems, render_prompt
 from soar.generation import HFGenerator, SamplingParams, correctness, correctness_request, grade_correctness  # noqa: F401
 from soar.grading import make_grader
-from soar.models import export_policy, is_peft, load_model, save_policy  # noqa: F401  (is_peft: re-exported)
+from soar.models import export_policy, is_peft, load_model, load_trainer_state, save_policy  # noqa: F401  (is_peft: re-exported)
 from soar.run import MetricsLogger
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
@@ -385,7 +385,7 @@ def run_rl(cfg) -> dict:
                               cfg.seed, ref_model=ref, batch_size=cfg.backend.batch_size)
         start = 0
         if run.resume_from is not None:
-            trainer.load_state_dict(torch.load(run.resume_from / "state.pt", weights_only=False))
+            trainer.load_state_dict(load_trainer_state(run.resume_from / "state.pt"))
             start = trainer.step_count
             log.info("resumed from %s (step %d)", run.resume_from, start)
         metrics_log = MetricsLogger(run, resume_step=start if run.resume_from is not None else None)
