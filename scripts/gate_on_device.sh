@@ -19,8 +19,7 @@
 # 15-minute lease runs about 17 of a 40-step gate's steps; with g=8 and 3 runs, 6.6-7.5 s (2026-11-30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --target .site .whl/*.whl
-export PYTHONPATH="$PWD/.site:$PWD" PYTHONUNBUFFERED=1
+source scripts/device_site.sh
 gate="${GATE_DIR:-$([[ -n "${OUT:-}" ]] && echo /tmp/gate || echo runs/gate)}"
 mkdir -p "$gate"
 if [[ -n "${HARD_SET:-}" && ! -e "$gate/hard_set" ]]; then cp -r "$HARD_SET" "$gate/hard_set"; fi

@@ -486,6 +486,9 @@ class EvalConfig:
     """Fresh-student RLOO steps (paper: at most 1500)."""
     warmup_steps: int = 20
     """LR warm-up of fresh students (paper: 20; curriculum runs use 0)."""
+    lr: Optional[float] = None
+    """Learning rate of fresh students (None: ``student.lr``, as in the paper, where both are 1e-5).
+    A world whose fresh students get far fewer steps than the paper's 1500 may want a larger one."""
     eval_every: int = 50
     """pass@k / greedy evaluation on hard-test every N steps (and at steps 0 and ``steps``)."""
     samples: int = 32

@@ -168,7 +168,8 @@ def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, met
 
     ecfg = cfg.eval
     warmup = 0 if ecfg.mixing == "curriculum" and synthetic else ecfg.warmup_steps
-    scfg = OmegaConf.merge(cfg.student, {"max_steps": ecfg.steps, "warmup_steps": warmup})
+    scfg = OmegaConf.merge(cfg.student, {"max_steps": ecfg.steps, "warmup_steps": warmup,
+                                         "lr": cfg.student.lr if ecfg.lr is None else ecfg.lr})
     ref = copy.deepcopy(base) if scfg.lora.r == 0 and scfg.kl_coef > 0 else None
     trainer = RLOOTrainer(copy.deepcopy(base), tokenizer, grader, scfg, cfg.data.prompt_template,
                           derive_seed(cfg.seed, "fresh_student"), ref_model=ref, batch_size=cfg.backend.batch_size,

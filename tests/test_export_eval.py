@@ -248,7 +248,7 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
     model = _model(micro_run)
     evals = {}
     for name, extra in {"hard_only": ["eval.method=hard_only"],
-                        "pq": ["eval.method=pq", "eval.mixing=curriculum", "eval.label=SOAR-PQ"],
+                        "pq": ["eval.method=pq", "eval.mixing=curriculum", "eval.label=SOAR-PQ", "eval.lr=2e-3"],
                         "sampled": ["eval.method=questions",
                                     f"eval.questions={micro_run / 'export' / 'teacher_step_000003'}",
                                     "eval.label=Grounded-T", "eval.synthetic_frac=0.5"],
@@ -263,6 +263,8 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
         rows = [json.loads(line) for line in (evals[name] / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == list(range(7))
         assert [r["step"] for r in rows if "eval/pass@8" in r] == [0, 3, 6]
+        peak_lr = max(r["student/lr"] for r in rows if "student/lr" in r)  # eval.lr, else student.lr (1e-4)
+        assert 1e-3 < peak_lr <= 2e-3 if name == "pq" else 0 < peak_lr <= 1e-4, (name, peak_lr)
         for e in summary["evals"]:
             assert 0 <= e["eval/pass@1"] <= e["eval/pass@2"] <= e["eval/pass@4"] <= e["eval/pass@8"] <= 1
         assert summary["fixed"]["step"] == 3 and summary["slope_rule"]["stop_step"] in range(1, 7)
