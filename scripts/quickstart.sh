@@ -4,11 +4,13 @@
 # the outer loop (teacher -> students -> grounded reward -> promotion -> teacher update), write the
 # Promotion Questions, then print the step rewards and promotions and plot the teacher's reward
 # (reward.png). Everything lands in runs/arith/ (RUN=... to change).
-# Usage: bash scripts/quickstart.sh [extra Hydra overrides for soar-train]
+# It runs STEPS=10 outer steps (about 25 minutes on 2 cores; the first promotion comes at step 3),
+# half the preset's 20: STEPS=20 for the preset, STEPS=40 for the gate's length.
+# Usage: [STEPS=n] [RUN=dir] bash scripts/quickstart.sh [extra Hydra overrides for soar-train]
 set -euo pipefail
 RUN="${RUN:-runs/arith}"
 export OMP_WAIT_POLICY=PASSIVE
-soar-train run.dir="$RUN" "$@"
+soar-train run.dir="$RUN" loop.steps="${STEPS:-10}" "$@"
 python3 - "$RUN" <<'PY'
 import json, sys
 run = sys.argv[1]

@@ -201,7 +201,7 @@ def test_quickstart_prints_rewards_promotions_and_pq_size_and_plots(reference_ru
     shutil.copytree(reference_run[0], run_dir)
     res = subprocess.run(["bash", str(REPO / "scripts" / "quickstart.sh"), "experiment=arith_micro",
                           f"model.path={tiny_model_dir}", "run.threads=1", "run.progress=false"],
-                         env={**os.environ, "RUN": str(run_dir), "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+                         env={**os.environ, "RUN": str(run_dir), "STEPS": "3", "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = comparable_metrics(run_dir)
