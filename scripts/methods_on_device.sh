@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fresh students on a gate's Promotion Questions (scripts/compare_methods.py --gate) on a 16-core GPU
-# host of the device tool: the soar-eval runs, 8 at once. Carry the wheels and the gate folder (its
+# host of the device tool: the soar-eval runs, PARALLEL (8) at once; measured 2026-12-04: 21 runs of
+# 40 steps, 11 at once, in 242 s on the H200 host. Carry the wheels and the gate folder (its
 # runs without checkpoints or teacher snapshots, a few MB each):
 #   bash ../shared/tools/device-wheels.sh                                     # fills .whl/ (once)
 #   mkdir -p .gate_carry/gate && tar cf - -C runs/gate_tau02 --exclude=checkpoints --exclude=teacher . | tar xf - -C .gate_carry/gate
