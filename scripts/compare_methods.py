@@ -9,6 +9,7 @@ problems), aggregated to mean ± SD per method and k, with plots (``soar-report`
     python scripts/compare_methods.py --out runs/methods --gate runs/gate     # reuse the gate's runs
     python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ   # PQ vs Hard-Only only
     python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ "Base-T PQ"  # + Base-T PQ
+    python scripts/compare_methods.py --out runs/ps --gate runs/gate --rows Hard-Only SOAR-PS "Base-T PS"  # PS rows
 
 With ``--gate DIR`` (a ``scripts/compare_teachers.py`` output) the hard set and the Grounded-T and
 Base-T runs are the gate's, and ``benchmarks/results/soar_world.json`` gets the verdict keys next to
@@ -52,7 +53,9 @@ PQ_ROWS = {"SOAR-PQ": "Grounded-T", "Base-T PQ": "Base-T"}
 """Rows of fresh students on a teacher's Promotion Questions. ``Base-T PQ``: the gate's frozen-teacher
 runs' (``--gate`` only, where Base-T promotes by the same rule), against which SOAR-PQ shows what the
 teacher's learning added."""
-ROWS = ("Hard-Only", "Oracle", *TEACHERS, "SOAR-PQ", "SOAR-PS", "Base-T PQ", "Base model")
+PS_ROWS = {"SOAR-PS": "Grounded-T", "Base-T PS": "Base-T"}
+"""Rows of a run's last promoted student, evaluated as it is (``Base-T PS``: ``--gate`` only, as above)."""
+ROWS = ("Hard-Only", "Oracle", *TEACHERS, "SOAR-PQ", "SOAR-PS", "Base-T PQ", "Base-T PS", "Base model")
 
 
 def cli(stage: str) -> list[str]:
@@ -103,8 +106,9 @@ def main() -> None:
     args = ap.parse_args()
     if "Hard-Only" not in args.rows:
         ap.error("--rows needs Hard-Only: every verdict is measured against it")
-    if "Base-T PQ" in args.rows and not args.gate:
-        ap.error("--rows 'Base-T PQ' needs --gate: without it Base-T runs without promotion")
+    for row in ("Base-T PQ", "Base-T PS"):
+        if row in args.rows and not args.gate:
+            ap.error(f"--rows '{row}' needs --gate: without it Base-T runs without promotion")
     if args.smoke:
         args.seeds, args.students, args.questions, args.eval_steps, args.samples = [0], 1, 8, 6, 8
     experiment = "arith_micro" if args.smoke else "arith"
@@ -129,7 +133,7 @@ def main() -> None:
 
     # 2. teachers
     # Grounded-T's PQ is always exported: SOAR-PS and the anchor need its runs and eligibility
-    pq_teachers = {"Grounded-T"} | {PQ_ROWS[row] for row in args.rows if row in PQ_ROWS}
+    pq_teachers = {"Grounded-T"} | {rows[row] for rows in (PQ_ROWS, PS_ROWS) for row in args.rows if row in rows}
     teachers = [name for name in TEACHERS if name in pq_teachers or name in args.rows]
     runs = {(name, s): out / "train" / f"{name}_s{s}" for name in teachers for s in args.seeds}
     if gate:
@@ -172,8 +176,9 @@ def main() -> None:
             for label, name in PQ_ROWS.items():
                 if runs.get((name, seed)) in eligible:
                     jobs.append((label, k, ["eval.method=pq", f"eval.run_dir={runs[(name, seed)]}"], seed))
-        if runs[("Grounded-T", seed)] in eligible:
-            jobs.append(("SOAR-PS", seed, ["eval.method=ps", f"eval.run_dir={runs[('Grounded-T', seed)]}"], seed))
+        for label, name in PS_ROWS.items():
+            if runs.get((name, seed)) in eligible:
+                jobs.append((label, seed, ["eval.method=ps", f"eval.run_dir={runs[(name, seed)]}"], seed))
     jobs.append(("Base model", 0, ["eval.method=base", f"eval.run_dir={anchor}"], None))
     jobs = [job for job in jobs if job[0] in args.rows]
     eval_dirs = [out / "eval" / f"{label.replace(' ', '_')}_s{k}" for label, k, _, _ in jobs]
@@ -206,7 +211,7 @@ def main() -> None:
         return {s: float(np.mean(v)) for s, v in vals.items()}
 
     verdict, ho_by_seed = {}, by_teacher_seed("Hard-Only")
-    for label in (*PQ_ROWS, "SOAR-PS", "Grounded-T"):
+    for label in (*PQ_ROWS, *PS_ROWS, "Grounded-T"):
         if label in agg["table"]:
             m, n = agg["table"][label]["metrics"][key], agg["table"][label]["seeds"]
             se = float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))
