@@ -137,6 +137,14 @@ def test_lockstep_preset_is_arith_with_lora_students_on_one_engine():
     soar.validate(lock, "train")
 
 
+def test_arith_teacher_schedule_spans_the_papers_horizon_whatever_the_run_length():
+    # A gate continued from 40 to 60 steps must be the same run for its first 40 (docs/results.md).
+    import soar
+
+    for steps in (10, 40, 60):
+        assert soar.compose(["experiment=arith", f"loop.steps={steps}"]).teacher.max_steps == 200
+
+
 def test_more_reward_questions_than_hard_train_is_a_config_error(tiny_model_dir, tmp_path):
     hard = tmp_path / "hard"
     hard.mkdir()
