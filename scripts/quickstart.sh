@@ -4,7 +4,7 @@
 # the outer loop (teacher -> students -> grounded reward -> promotion -> teacher update), write the
 # Promotion Questions, then print the step rewards and promotions and plot the teacher's reward
 # (reward.png). Everything lands in runs/arith/ (RUN=... to change).
-# It runs STEPS=10 outer steps (30 minutes on 2 cores; the first promotion at step 3, 10 minutes in),
+# It runs STEPS=10 outer steps (22-30 minutes on 2 cores; the first promotion at step 3, 7-10 minutes in),
 # half the preset's 20: STEPS=20 for the preset, STEPS=40 for the gate's length.
 # Usage: [STEPS=n] [RUN=dir] bash scripts/quickstart.sh [extra Hydra overrides for soar-train]
 set -euo pipefail
