@@ -12,7 +12,9 @@ runs ``soar-train experiment=arith`` (``--experiment``) as Grounded-T; as Base-T
 strong students); and as Base-T without promotion (``base_fixed``: the base student throughout),
 ``--parallel`` runs at a time with ``--threads`` threads each. Runs
 resume from their checkpoints, so a killed gate (or one continued with a larger ``loop.steps``)
-picks up where it stopped; ``--analyse-only`` rebuilds the report from the run folders.
+picks up where it stopped; ``--analyse-only`` rebuilds the report from the run folders. A continued
+run is the same run only where the teacher's schedule does not follow ``loop.steps`` (``experiment=arith``
+fixes ``teacher.max_steps: 200``; with ``${loop.steps}`` the cosine is stretched mid-run).
 
 Reported per seed: the mean step reward over the last third of the steps, Grounded-T minus
 Base-T; promotions and the step rewards after each one; and, through the world's answer oracle
