@@ -1,9 +1,11 @@
 """Where the wall time of one SOAR outer step goes, per phase and per kind of work, and how much of
-it is overhead (everything but generation, forward/backward and the optimiser; target <= 15 %).
-Writes JSON with machine info.
+it is overhead (everything but generation, forward/backward and the optimiser; target <= 15 %), for
+the one-by-one students (``resources.batched=false``, the old path) and the stacked ones (``true``,
+the new path) in one run, and the speed-up of the new path over the old. Writes JSON with machine info.
 
     python benchmarks/outer_step.py --out benchmarks/results/outer_step.json -- \
         loop.hard_set=runs/methods/hard_set run.threads=1
+    python benchmarks/outer_step.py --paths new -- ...     # one path only
 
 Runs ``soar.train`` on ``experiment=arith`` (``loop.steps=2``; Hydra overrides after ``--`` are
 appended) in a temporary run dir, with the functions that do the work wrapped by timers (restored
@@ -98,6 +100,8 @@ def instrument(timers: StepTimers) -> None:
     from soar.diversity import DiversityMeter
     from soar.generation import HFGenerator
     from soar.grading import Grader, MathVerifyGrader
+    from soar.stacked_llama import StackedLlama
+    from soar.students.batched import BatchedStudents
     from soar.teachers.rewards import GroundedReward, IntrinsicReward
     from soar.teachers.update import TeacherPolicy
 
@@ -106,6 +110,11 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(soar.vllm_backend.VLLMGenerator, "generate", kind="generation")
     timers.wrap(soar.vllm_backend, "generate_together", kind="generation")
     timers.wrap(soar.students.trainer.RLOOTrainer, "accumulate_gradients", kind="forward_backward")
+    timers.wrap(StackedLlama, "sample", kind="generation")
+    timers.wrap(StackedLlama, "prefill", kind="forward_backward")
+    timers.wrap(StackedLlama, "tree_logprobs", kind="forward_backward")
+    timers.wrap(torch.Tensor, "backward", kind="forward_backward")
+    timers.wrap(BatchedStudents, "_optimise", kind="optimizer")
     # Before any AdamW exists: its first instance hooks the class's step, and each scheduler wraps it.
     timers.wrap(torch.optim.AdamW, "step", kind="optimizer")
     timers.wrap(Grader, "grade_batch", kind="grading")
@@ -117,8 +126,10 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(DiversityMeter, "__call__", phase="diversity")
     timers.wrap(GroundedReward, "__call__", phase="student_training")  # incl. a Ray pool's students
     timers.wrap(soar.students.trainer, "train_student", phase="student_training")
+    timers.wrap(BatchedStudents, "run", phase="student_training")
+    timers.wrap(BatchedStudents, "_score", phase="student_evaluation")
     timers.wrap(soar.students.trainer.RLOOTrainer, "evaluate", phase="student_evaluation")  # trained students on Q_R
-    timers.wrap(soar.loop.Loop, "correctness", phase="student_evaluation")  # the baseline on hard-train/test
+    timers.wrap(soar.loop.Loop, "scores", phase="student_evaluation")  # the baseline on Q_R, hard-train, hard-test
     timers.wrap(IntrinsicReward, "__call__", phase="student_evaluation")  # the base student on teacher questions
     timers.wrap(soar.loop.Loop, "promote", phase="promotion")
     timers.wrap(TeacherPolicy, "update", phase="teacher_update")
@@ -156,62 +167,83 @@ def mean_step(steps: list[dict]) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results/outer_step.json")
-    ap.add_argument("--run-dir", default=None, help="keep the run here (default: a temporary dir)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
-    args = ap.parse_args()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as scripts/quickstart.sh; before torch starts OpenMP
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+def measure(overrides: list[str], run_dir: str) -> dict:
+    """One ``soar.train`` run of ``overrides`` in ``run_dir``, timed."""
     import soar
-    from soar.run import package_versions, read_metrics
+    from soar.run import read_metrics
 
-    with tempfile.TemporaryDirectory(prefix="outer_step_") as tmp:
-        run_dir = args.run_dir or str(Path(tmp) / "run")
-        # The teacher's LR schedule spans the full run (teacher.max_steps defaults to loop.steps, and
-        # its warm-up is longer than 2 steps): these are the first steps of the default run.
-        horizon = soar.compose(["experiment=arith"]).loop.steps
-        overrides = ["experiment=arith", "loop.steps=2", f"teacher.max_steps={horizon}", "run.progress=false",
-                     "run.loggers=[jsonl]", f"run.dir={run_dir}", *args.overrides]
-        cfg = soar.compose(overrides)
-        timers = StepTimers()
-        instrument(timers)
-        load_start, t0 = os.getloadavg(), time.perf_counter()
-        try:
-            soar.train(cfg)
-        finally:
-            timers.restore()
-        wall = time.perf_counter() - t0
-        # The loop's own timings, and what explains a step's size (a skipped teacher update costs ~0).
-        loop_times = [{k: v for k, v in row.items() if k.startswith(("time/", "compute/")) or k in
-                       ("student/inner_steps", "teacher/skipped_zero_adv", "promotion/promoted")}
-                      for row in read_metrics(Path(run_dir) / "metrics.jsonl")]
-
+    cfg = soar.compose(overrides)
+    timers = StepTimers()
+    instrument(timers)
+    load_start, t0 = os.getloadavg(), time.perf_counter()
+    try:
+        soar.train(cfg)
+    finally:
+        timers.restore()
+    wall = time.perf_counter() - t0
+    # The loop's own timings, and what explains a step's size (a skipped teacher update costs ~0).
+    loop_times = [{k: v for k, v in row.items() if k.startswith(("time/", "compute/")) or k in
+                   ("student/inner_steps", "teacher/skipped_zero_adv", "promotion/promoted")}
+                  for row in read_metrics(Path(run_dir) / "metrics.jsonl")]
     steps = [{"step": i + 1, **breakdown(s["total_s"], s["cells"]), "loop_metrics": loop_times[i]}
              for i, s in enumerate(timers.steps)]
     summary = {"all_steps": mean_step(timers.steps)}
     if len(timers.steps) >= 2:
         summary["steady_state"] = mean_step(timers.steps[1:])  # without the first step's one-off costs
     c = cfg
+    return {"config": {"overrides": overrides, "threads": c.run.threads, "g": c.teacher.datasets,
+                       "n": c.teacher.questions_per_dataset, "r": c.inner.replicates, "K": c.student.max_steps,
+                       "M": c.inner.reward_questions, "steps": c.loop.steps, "backend": c.backend.name,
+                       "num_workers": c.resources.num_workers, "batched": c.resources.batched},
+            "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg(),
+            "run_wall_s": wall, "setup_s": wall - sum(s["total_s"] for s in timers.steps),
+            "summary": summary, "steps": steps}
+
+
+PATHS = {"old": "resources.batched=false", "new": "resources.batched=true"}
+"""The student paths compared: one by one in process (old) and stacked (new)."""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/outer_step.json")
+    ap.add_argument("--run-dir", default=None, help="keep the runs here (default: a temporary dir)")
+    ap.add_argument("--paths", default="old,new", help="which student paths to time, in order (old, new)")
+    ap.add_argument("--steps", type=int, default=3, help="outer steps per path (the first pays one-off costs)")
+    ap.add_argument("--experiment", default="arith", help="the preset timed")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as scripts/quickstart.sh; before torch starts OpenMP
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from soar.run import package_versions
+
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="outer_step_") as tmp:
+        for name in args.paths.split(","):
+            run_dir = str(Path(args.run_dir or tmp) / name)
+            overrides = [f"experiment={args.experiment}", f"loop.steps={args.steps}", "run.progress=false", "run.loggers=[jsonl]",
+                         f"run.dir={run_dir}", PATHS[name], *args.overrides]
+            runs[name] = measure(overrides, run_dir)
     out = {"benchmark": "outer_step",
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor(),
-                       "loadavg_at_start": load_start, "loadavg_at_end": os.getloadavg()},
-           "versions": package_versions(),
-           "config": {"overrides": overrides, "threads": c.run.threads, "g": c.teacher.datasets,
-                      "n": c.teacher.questions_per_dataset, "r": c.inner.replicates, "K": c.student.max_steps,
-                      "M": c.inner.reward_questions, "steps": c.loop.steps, "backend": c.backend.name,
-                      "num_workers": c.resources.num_workers},
-           "run_wall_s": wall, "setup_s": wall - sum(s["total_s"] for s in timers.steps),
-           "summary": summary, "steps": steps}
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor()},
+           "versions": package_versions(), "paths": runs}
+    if {"old", "new"} <= runs.keys():
+        key = "steady_state" if "steady_state" in runs["old"]["summary"] else "all_steps"
+        old, new = (runs[p]["summary"][key]["total_s"] for p in ("old", "new"))
+        out["speedup"] = {"measured_over": key, "old_step_s": old, "new_step_s": new, "speedup": old / new}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
-    for name, s in summary.items():
-        print(f"{name}: {s['total_s']:.2f} s/step, overhead {s['overhead_frac']:.1%} "
-              f"(target <= {OVERHEAD_TARGET:.0%}: {'met' if s['target_met'] else 'NOT met'})")
-        print("  " + ", ".join(f"{k} {v['s']:.2f} s ({v['share']:.1%})" for k, v in s["categories"].items()))
-        print("  " + ", ".join(f"{k} {v['s']:.2f} s ({v['share']:.1%})" for k, v in s["kinds"].items()))
+    for name, run in runs.items():
+        for label, s in run["summary"].items():
+            print(f"{name} {label}: {s['total_s']:.2f} s/step, overhead {s['overhead_frac']:.1%} "
+                  f"(target <= {OVERHEAD_TARGET:.0%}: {'met' if s['target_met'] else 'NOT met'})")
+            print("  " + ", ".join(f"{k} {v['s']:.2f} s ({v['share']:.1%})" for k, v in s["categories"].items()))
+            print("  " + ", ".join(f"{k} {v['s']:.2f} s ({v['share']:.1%})" for k, v in s["kinds"].items()))
+    if "speedup" in out:
+        sp = out["speedup"]
+        print(f"speed-up ({sp['measured_over']}): {sp['old_step_s']:.1f} s -> {sp['new_step_s']:.1f} s a step, "
+              f"{sp['speedup']:.2f}x")
     print("wrote", args.out)
 
 

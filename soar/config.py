@@ -541,6 +541,13 @@ class ResourcesConfig:
     Q_R evaluations) are one generate call, on vLLM one ``LoRARequest`` per student. Needs
     ``student.lora.r`` > 0 and ``num_workers`` 0; batching needs ``backend.student=vllm`` with
     ``backend.vllm.enable_lora`` (ideally ``max_loras`` >= g*r), else one call per student."""
+    batched: bool = False
+    """Stacked students (``soar.students.batched``): the step's g*r students train as one model with
+    stacked weights in this process (batched matrix products, each prompt and each shared completion
+    prefix run once, all rollouts decoded together), with the results of training them one by one up to
+    float rounding. For fully fine-tuned Llama-architecture students small enough that g*r copies of
+    weights, gradients and AdamW state fit. A Ray pool (``num_workers`` > 0) or ``lockstep`` takes
+    precedence, and LoRA students (``student.lora.r`` > 0) train one by one; the run logs which it uses."""
     ray_address: Optional[str] = None
     """Ray cluster to join (e.g. ``auto`` or ``ray://head:10001``); None starts a private local
     instance (``ray.init(address="local")``: a bare ``ray.init()`` would join any cluster already

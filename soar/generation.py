@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from soar.data import render_prompt
-from soar.samples import Generator, Sample, SamplingParams
+from soar.samples import Generator, Sample, SamplingParams, draw_tokens, sampling_uniforms
 from soar.tokens import encode_prompts, stop_token_ids
 from soar.vllm_backend import VLLMGenerator, engine_for, generate_together  # vllm itself is imported on first use
 
@@ -33,30 +33,34 @@ class HFGenerator:
         if params.greedy and params.n != 1:
             raise ValueError("greedy decoding with n > 1 would return n identical samples")
         flat = [p for p in prompts for _ in range(params.n)]
+        # One draw per (row, token) from the seed alone (soar.samples): a row's samples do not depend on
+        # the batch it lands in.
+        uniforms = None if params.greedy else sampling_uniforms(params.seed, len(flat), params.max_tokens)
         out: list[Sample] = []
         was_training = self.model.training
         self.model.eval()
         try:
-            # fork_rng keeps the caller's global RNG untouched; the seed alone fixes the samples.
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(params.seed)
-                for start in range(0, len(flat), self.batch_size):
-                    out.extend(self._generate_batch(flat[start:start + self.batch_size], params))
+            for start in range(0, len(flat), self.batch_size):
+                rows = slice(start, start + self.batch_size)
+                out.extend(self._generate_batch(flat[rows], params, None if uniforms is None else uniforms[rows]))
         finally:
             self.model.train(was_training)
         return [out[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
-    def _generate_batch(self, prompts: list[str], params: SamplingParams) -> list[Sample]:
+    def _generate_batch(self, prompts: list[str], params: SamplingParams, uniforms_RT) -> list[Sample]:
+        from transformers import LogitsProcessorList
+
         tok = self.tokenizer
         tok.padding_side = "left"
         # The ids the trainers score (BOS once, as vLLM's): soar.tokens.encode_prompts, left-padded.
         enc = tok.pad({"input_ids": encode_prompts(tok, prompts)}, return_tensors="pt").to(self.model.device)
         stop_ids = stop_token_ids(tok, self.model)  # EOS and the model's other end-of-sequence ids
-        sampling = {} if params.greedy else {"temperature": params.temperature, "top_k": 0, "top_p": 1.0}
+        # Sampling is argmax decoding over the seeded draw's one-hot scores (``InverseCDFDraw``).
+        draw = [] if uniforms_RT is None else [InverseCDFDraw(uniforms_RT, params.temperature, enc.input_ids.shape[1])]
         res = self.model.generate(
             input_ids=enc.input_ids,
             attention_mask=enc.attention_mask,
-            do_sample=not params.greedy,
+            do_sample=False,
             max_new_tokens=params.max_tokens,
             pad_token_id=tok.pad_token_id,
             eos_token_id=stop_ids,
@@ -64,26 +68,45 @@ class HFGenerator:
             tokenizer=tok if params.stop else None,
             return_dict_in_generate=True,
             output_logits=params.logprobs,
-            **sampling,
+            logits_processor=LogitsProcessorList(draw),
         )
         gen = res.sequences[:, enc.input_ids.shape[1]:]
         token_lp = None
         if params.logprobs:
             logits = torch.stack(res.logits, dim=1).float()  # (batch, steps, vocab), raw logits
             token_lp = torch.log_softmax(logits, -1).gather(-1, gen[:, : logits.shape[1], None]).squeeze(-1)
-        samples = []
-        for i in range(gen.shape[0]):
-            ids = completion_ids(gen[i].tolist(), stop_ids, params.stop, tok)  # what was sampled: no padding
-            finish = "stop" if ids[-1:] and ids[-1] in stop_ids else "length"
-            text = tok.decode(ids, skip_special_tokens=True)
-            for s in params.stop:
-                if s in text:
-                    text, finish = text[: text.index(s)], "stop"
-            if finish == "length" and len(ids) < params.max_tokens:
-                finish = "stop"  # a stop string ended it
-            lp = token_lp[i, : len(ids)].tolist() if token_lp is not None else None
-            samples.append(Sample(text=text, token_ids=ids, finish_reason=finish, logprobs=lp))
-        return samples
+        return [finish_sample(gen[i].tolist(), stop_ids, params, tok, None if token_lp is None else token_lp[i])
+                for i in range(gen.shape[0])]
+
+
+class InverseCDFDraw:
+    """A ``transformers`` logits processor that turns ``generate``'s greedy step into a draw from
+    softmax(scores / T) with each row's own uniform (``soar.samples.draw_tokens``): the drawn token's
+    score becomes 0 and every other one -inf, so the argmax is the draw."""
+
+    def __init__(self, uniforms_RT: torch.Tensor, temperature: float, prompt_width: int):
+        self.temperature, self.prompt_width = temperature, prompt_width
+        self.uniforms_RT = uniforms_RT
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - self.prompt_width
+        tokens = draw_tokens(scores, self.uniforms_RT[:, step], self.temperature)
+        return torch.full_like(scores, float("-inf")).scatter_(1, tokens[:, None], 0.0)
+
+
+def finish_sample(ids: list[int], stop_ids: list[int], params: SamplingParams, tok, token_lp=None) -> Sample:
+    """A generated row (no prompt) as a ``Sample``: cut to what was sampled (``completion_ids``), decoded,
+    cut at a stop string, with its finish reason and, given per-position log-probs, its tokens' ones."""
+    ids = completion_ids(ids, stop_ids, params.stop, tok)
+    finish = "stop" if ids[-1:] and ids[-1] in stop_ids else "length"
+    text = tok.decode(ids, skip_special_tokens=True)
+    for s in params.stop:
+        if s in text:
+            text, finish = text[: text.index(s)], "stop"
+    if finish == "length" and len(ids) < params.max_tokens:
+        finish = "stop"  # a stop string ended it
+    lp = token_lp[: len(ids)].tolist() if token_lp is not None else None
+    return Sample(text=text, token_ids=ids, finish_reason=finish, logprobs=lp)
 
 
 def completion_ids(ids: list[int], stop_ids: list[int], stop: tuple[str, ...], tok) -> list[int]:

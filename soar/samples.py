@@ -1,13 +1,24 @@
-"""What generators exchange: ``SamplingParams`` in, ``Sample`` out, and the ``Generator`` protocol.
+"""What generators exchange: ``SamplingParams`` in, ``Sample`` out, the ``Generator`` protocol, and the
+seeded draw that turns a row's logits into its next token.
 
-A module of its own so both backends (``soar.generation``'s HF one and ``soar.vllm_backend``) build on
-it without importing each other; ``soar.generation`` re-exports all three.
+A module of its own so both backends (``soar.generation``'s HF one and ``soar.vllm_backend``) and the
+stacked students (``soar.students.batched``) build on it without importing each other;
+``soar.generation`` re-exports the first three.
+
+Sampling is by inverse CDF from one uniform per (row, step): row ``r`` of a request (prompt ``r // n``,
+sample ``r % n``) takes at step ``t`` the first token whose cumulative probability under
+softmax(logits / T) exceeds ``U[r, t]``, and ``U`` is a pure function of the request's seed. A row's
+tokens therefore depend on its seed, its index and its logits only, not on the batch it shares with
+other rows: the hf backend gives the same samples at any ``backend.batch_size``, and the g·r students
+trained as one stacked model sample exactly what each would sample alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -45,3 +56,18 @@ class Generator(Protocol):
 
     def sync_weights(self, model) -> None:
         """Generate from ``model``'s current weights from now on (after an update, or another model)."""
+
+
+def sampling_uniforms(seed: int, rows: int, steps: int) -> torch.Tensor:
+    """``U[row, step]`` in [0, 1): the draws of a request of ``rows`` rows seeded ``seed``, one per token."""
+    return torch.rand((rows, steps), generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+
+
+def draw_tokens(logits_RV: torch.Tensor, uniforms_R: torch.Tensor, temperature: float) -> torch.Tensor:
+    """One token per row from softmax(logits / temperature) by inverse CDF: the first index whose
+    cumulative probability exceeds ``uniforms_R`` (scaled by the row's total, so rounding in the sum never
+    runs past the vocabulary; zero-probability tokens are never drawn)."""
+    logits = logits_RV.float()
+    cdf_RV = torch.softmax(logits / temperature if temperature != 1.0 else logits, -1).cumsum(-1)
+    threshold_R1 = uniforms_R.to(cdf_RV.device, cdf_RV.dtype)[:, None] * cdf_RV[:, -1:]
+    return torch.searchsorted(cdf_RV, threshold_R1, right=True).squeeze(-1).clamp_(max=cdf_RV.shape[-1] - 1)

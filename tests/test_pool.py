@@ -28,7 +28,8 @@ def world(tiny_model_dir):
     from soar.models import load_model, load_tokenizer
     from soar.worlds.arith import generate_problems
 
-    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", "resources.threads_per_worker=1"])
+    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", "resources.threads_per_worker=1",
+                        "resources.batched=false"])  # the pool's students are the in-process ones, one by one
     datasets = [generate_problems(3, c, 8, seed=10 + c, prefix=f"d{c}") for c in (1, 2)]
     qr = generate_problems(3, 3, 8, seed=3, prefix="qr")
     return cfg, load_tokenizer(cfg.model), load_model(cfg.model), make_grader("integer"), datasets, qr
@@ -176,7 +177,8 @@ def test_soar_train_on_the_pool_equals_in_process(tiny_model_dir, tmp_path):
 
     def train(run_dir, *extra):
         run_cli([script("soar-train"), "experiment=arith_micro", f"model.path={tiny_model_dir}", f"run.dir={run_dir}",
-                 "run.threads=1", "run.progress=false", "loop.steps=2", "promotion.window=1", *extra], timeout=200)
+                 "run.threads=1", "run.progress=false", "loop.steps=2", "promotion.window=1", "resources.batched=false",
+                 *extra], timeout=200)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 

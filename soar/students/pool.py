@@ -35,6 +35,7 @@ from soar.grading import make_grader
 from soar.models import export_policy, save_policy
 from soar.seeding import derive_seed
 from soar.students import trainer  # trainer.train_student looked up per call (benchmarks/outer_step.py times it)
+from soar.students.batched import BatchedStudents
 from soar.students.lockstep import LockstepStudents
 from soar.students.trainer import StudentResult
 
@@ -320,11 +321,26 @@ class StudentPool:
             ray.shutdown()
 
 
+def student_executor(cfg) -> str:
+    """Where a run's students train: ``pool`` (``resources.num_workers`` > 0), ``lockstep``, ``batched``
+    (``resources.batched`` with fully fine-tuned students) or ``in_process`` (one by one)."""
+    r = cfg.resources
+    if r.num_workers > 0:
+        return "pool"
+    if r.lockstep:
+        return "lockstep"
+    return "batched" if r.batched and cfg.student.lora.r == 0 else "in_process"
+
+
 def make_students(cfg, tokenizer, grader, template: str):
-    """The run's student executor: ``StudentPool`` when ``resources.num_workers`` > 0, the lockstep
-    multi-LoRA students (``soar.students.lockstep``) when ``resources.lockstep``, else in-process."""
-    if cfg.resources.num_workers > 0:
+    """The run's student executor (``student_executor``): ``StudentPool``, the lockstep multi-LoRA students
+    (``soar.students.lockstep``), the stacked students (``soar.students.batched``) or in-process."""
+    kind = student_executor(cfg)
+    log.info("students: %s", kind)
+    if kind == "pool":
         return StudentPool(cfg, tokenizer, grader)
-    if cfg.resources.lockstep:
+    if kind == "lockstep":
         return LockstepStudents(cfg, tokenizer, grader, template)
+    if kind == "batched":
+        return BatchedStudents(cfg, tokenizer, grader, template)
     return InProcessStudents(StudentRunner(cfg, tokenizer, grader, template))

@@ -68,8 +68,18 @@ def rloo_loss(logp_BT, ref_logp_BT, comp_mask_BT, adv_B, kl_coef: float, normali
 
     Returns (loss, pg_term, kl_sum) where kl_sum is the unnormalised sum of per-token KL.
     """
-    seq_logp_B = (logp_BT * comp_mask_BT).sum(-1)
-    pg = -(adv_B * seq_logp_B).sum() / normaliser
-    kl_sum = (k3_kl(logp_BT, ref_logp_BT) * comp_mask_BT).sum() if ref_logp_BT is not None else logp_BT.new_zeros(())
+    return weighted_rloo_loss(logp_BT, ref_logp_BT, adv_B[:, None] * comp_mask_BT, comp_mask_BT, kl_coef, normaliser)
+
+
+def weighted_rloo_loss(logp, ref_logp, pg_weight, kl_weight, kl_coef: float, normaliser: float):
+    """``rloo_loss`` as sums over scored tokens: -sum(pg_weight * logp) / normaliser + kl_coef *
+    sum(kl_weight * k3) / normaliser. A rollout's tokens weigh its advantage and 1; on a prefix tree of
+    rollouts (``soar.stacked_llama.CompletionTree``) a shared token weighs the sum of the advantages of
+    the rollouts through it and their count, which gives the same loss and gradient.
+
+    Returns (loss, pg_term, kl_sum) where kl_sum is the unnormalised sum of per-token KL.
+    """
+    pg = -(pg_weight * logp).sum() / normaliser
+    kl_sum = (k3_kl(logp, ref_logp) * kl_weight).sum() if ref_logp is not None else logp.new_zeros(())
     loss = pg + kl_coef * kl_sum / normaliser
     return loss, pg, kl_sum

@@ -44,6 +44,11 @@ def batch_indices(n_items: int, step: int, per_step: int, seed: int) -> list[int
     return out
 
 
+def gold_completion_ids(tokenizer, problems, gold_template: str) -> list[list[int]]:
+    """Each problem's gold completion (``gold_template`` with ``{answer}`` filled in) as token ids."""
+    return [tokenizer(gold_template.replace("{answer}", p.answer), add_special_tokens=False).input_ids for p in problems]
+
+
 @torch.no_grad()
 def gold_logprobs(model, tokenizer, problems, template: str, gold_template: str, batch_size: int = 256) -> list[float]:
     """Per problem: log p(gold completion | prompt), summed over the gold completion's tokens, where
@@ -51,8 +56,7 @@ def gold_logprobs(model, tokenizer, problems, template: str, gold_template: str,
     exp() of it is the probability that one T=1 sample starts with exactly the gold answer: the
     expected sampled accuracy without sampling noise, and non-zero where greedy accuracy is 0."""
     prompt_ids = encode_prompts(tokenizer, [render_prompt(template, p.question) for p in problems])  # BOS as sampled
-    gold_ids = [tokenizer(gold_template.replace("{answer}", p.answer), add_special_tokens=False).input_ids
-                for p in problems]
+    gold_ids = gold_completion_ids(tokenizer, problems, gold_template)
     was_training = model.training
     model.eval()
     out = []
@@ -99,13 +103,48 @@ class SyncError(RuntimeError):
     """The engine that sampled the rollouts does not hold the trainer's weights."""
 
 
+def cosine_schedule(optimizer, policy_cfg, steps: int | None = None):
+    """The policy's learning-rate schedule: linear warm-up, then cosine decay to ``min_lr_ratio`` over
+    ``steps`` (default ``max_steps``; ``transformers``' ``cosine_with_min_lr``)."""
+    from transformers import get_scheduler
+
+    return get_scheduler("cosine_with_min_lr", optimizer, num_warmup_steps=policy_cfg.warmup_steps,
+                         num_training_steps=policy_cfg.max_steps if steps is None else steps,
+                         scheduler_specific_kwargs={"min_lr_rate": policy_cfg.min_lr_ratio})
+
+
+def rollout_metrics(samples_QG, grades, rewards_QG, correct_QG, adv_QG) -> dict:
+    """A step's ``student/*`` metrics of its rollouts and their grades (one student's step)."""
+    lengths = [len(s.token_ids) for group in samples_QG for s in group]
+    return {
+        "student/reward_mean": rewards_QG.mean().item(),
+        "student/accuracy": correct_QG.mean().item(),
+        "student/boxed_frac": float(np.mean([g.boxed for g in grades])),
+        "student/partial_credit_frac": float(np.mean([g.partial for g in grades])),
+        "student/frac_groups_all_wrong": (correct_QG.sum(-1) == 0).float().mean().item(),
+        "student/frac_groups_no_signal": (adv_QG.abs().sum(-1) == 0).float().mean().item(),
+        "student/adv_abs_mean": adv_QG.abs().mean().item(),
+        "student/completion_tokens_mean": float(np.mean(lengths)),
+        "student/rollouts": len(lengths),
+        "student/overflow_frac": float(np.mean([s.finish_reason == "length" for g in samples_QG for s in g])),
+    }
+
+
+def grade_rollouts(grader, problems, samples_QG) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grades, shaped rewards (Q, G), correctness (Q, G) and RLOO advantages (Q, G) of one step's rollouts."""
+    group_size = len(samples_QG[0])
+    grades = grader.grade_batch([s.text for group in samples_QG for s in group],
+                                [p.answer for p in problems for _ in range(group_size)])
+    rewards_QG = torch.tensor([g.reward for g in grades], dtype=torch.float32).view(len(problems), -1)
+    correct_QG = torch.tensor([g.correct for g in grades], dtype=torch.float32).view(len(problems), -1)
+    return grades, rewards_QG, correct_QG, rloo_advantages(rewards_QG)
+
+
 class RLOOTrainer:
     """Owns a policy (full model or peft LoRA), its reference, optimiser and schedule."""
 
     def __init__(self, model, tokenizer, grader, student_cfg, prompt_template: str, seed: int,
                  ref_model=None, batch_size: int = 256, role: str = "student", generator=None):
-        from transformers import get_scheduler
-
         self.cfg, self.tokenizer, self.grader, self.role = student_cfg, tokenizer, grader, role
         self.template, self.seed = prompt_template, seed
         if student_cfg.lora.r > 0:
@@ -125,10 +164,7 @@ class RLOOTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=student_cfg.lr, betas=tuple(student_cfg.adam_betas),
                                            weight_decay=student_cfg.weight_decay)
-        self.scheduler = get_scheduler(
-            "cosine_with_min_lr", self.optimizer, num_warmup_steps=student_cfg.warmup_steps,
-            num_training_steps=student_cfg.max_steps,
-            scheduler_specific_kwargs={"min_lr_rate": student_cfg.min_lr_ratio})
+        self.scheduler = cosine_schedule(self.optimizer, student_cfg)
         # Rollouts: the given generator (e.g. a shared vLLM one) re-targeted at this policy, or HF.
         self.generator = generator or HFGenerator(self.model, tokenizer, batch_size=batch_size)
         self.step_count = 0
@@ -169,12 +205,7 @@ class RLOOTrainer:
         else:
             t0 -= sample_s
         t_sample = time.perf_counter()
-        texts = [s.text for group in samples_QG for s in group]
-        golds = [p.answer for p in problems for _ in range(cfg.group_size)]
-        grades = self.grader.grade_batch(texts, golds)
-        rewards_QG = torch.tensor([g.reward for g in grades], dtype=torch.float32).view(len(problems), -1)
-        correct_QG = torch.tensor([g.correct for g in grades], dtype=torch.float32).view(len(problems), -1)
-        adv_QG = rloo_advantages(rewards_QG)
+        grades, rewards_QG, correct_QG, adv_QG = grade_rollouts(self.grader, problems, samples_QG)
         t_grade = time.perf_counter()
 
         prompt_ids = encode_prompts(self.tokenizer, prompts)  # the ids the rollouts were conditioned on
@@ -184,19 +215,8 @@ class RLOOTrainer:
         skipped, lr = train_stats["skipped"], train_stats["lr"]
         t_train = time.perf_counter()
 
-        lengths = [len(s.token_ids) for group in samples_QG for s in group]
-        boxed = [g.boxed for g in grades]
         metrics = {
-            "student/reward_mean": rewards_QG.mean().item(),
-            "student/accuracy": correct_QG.mean().item(),
-            "student/boxed_frac": float(np.mean(boxed)),
-            "student/partial_credit_frac": float(np.mean([g.partial for g in grades])),
-            "student/frac_groups_all_wrong": (correct_QG.sum(-1) == 0).float().mean().item(),
-            "student/frac_groups_no_signal": (adv_QG.abs().sum(-1) == 0).float().mean().item(),
-            "student/adv_abs_mean": adv_QG.abs().mean().item(),
-            "student/completion_tokens_mean": float(np.mean(lengths)),
-            "student/rollouts": len(lengths),
-            "student/overflow_frac": float(np.mean([s.finish_reason == "length" for g in samples_QG for s in g])),
+            **rollout_metrics(samples_QG, grades, rewards_QG, correct_QG, adv_QG),
             "student/skipped_zero_adv": int(skipped),
             "student/lr": lr,
             "student/pg_loss": train_stats["pg_loss"],
