@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="teacher (soar-train) seeds")
     ap.add_argument("--students", type=int, default=2, help="fresh-student seeds per teacher / PQ dataset")
     ap.add_argument("--questions", type=int, default=128, help="questions sampled per teacher (paper: 128)")
-    ap.add_argument("--min-promotions", type=int, default=1, help="PQ/PS eligibility (paper: 3)")
+    ap.add_argument("--min-promotions", type=int, default=1, help="PQ/PS eligibility (paper: 2)")
     ap.add_argument("--mixing", choices=["mixed", "curriculum"], help="fresh students' eval.mixing (default: the preset's)")
     ap.add_argument("--eval-steps", type=int, default=40, help="fresh-student steps (paper: up to 1500)")
     ap.add_argument("--samples", type=int, default=32, help="pass@k samples per hard-test problem (paper: 32)")

@@ -403,12 +403,13 @@ class RunConfig:
 
 @dataclass
 class PQConfig:
-    """Which runs' Promotion Questions may be exported and evaluated (paper §5: PQ is evaluated for
-    runs with more than 2 promotions)."""
+    """Which runs' Promotion Questions (``soar-export``, ``soar-eval`` PQ) and promoted students (PS)
+    may be exported and evaluated."""
 
     min_promotions: int = 1
-    """Eligibility: a run needs at least this many promotions (the paper's "> 2 promotions": 3).
-    Below it ``soar-export`` / ``soar-eval`` refuse the run, naming it, unless ``allow_ineligible``."""
+    """Eligibility: a run needs at least this many promotions (``experiment=paper``: 2, since the
+    paper's PQ sizes {128, 192, 256} are 2-4 promoted datasets of 64, although its text says "> 2
+    promotions"). Below it ``soar-export`` / ``soar-eval`` refuse the run, naming it, unless ``allow_ineligible``."""
     allow_ineligible: bool = False
     """Fallback flag: export / evaluate an ineligible run anyway (0 promotions: an empty PQ, so the
     PQ student sees hard-train only); the card and the metrics say so."""
