@@ -510,7 +510,10 @@ class EvalConfig:
     oracle_size: int = 128
     """Oracle questions (paper: 128 random training questions)."""
     slope: SlopeRuleConfig = field(default_factory=SlopeRuleConfig)
-    """Checkpoint selection (slope rule)."""
+    """Checkpoint selection (slope rule). Under ``mixing=curriculum`` it runs on the hard-train steps
+    only, from step ``curriculum_steps`` + 1: the synthetic-only steps' reward is on other questions
+    and drops at the switch, so across them the steepest slope could lie in the synthetic phase
+    (paper: not stated)."""
 
 
 WORKER_RAM_GB = 0.9

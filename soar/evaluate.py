@@ -70,6 +70,8 @@ class SlopeRuleResult:
     max_slope: float | None = None
     """Steepest positive slope of the smoothed curve, normalised by the reward range."""
     max_slope_step: int | None = None
+    first_step: int = 1
+    """First step of the curve the rule ran on (after a curriculum's synthetic-only steps)."""
 
 
 def centred_moving_average(values, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,31 +84,42 @@ def centred_moving_average(values, window: int) -> tuple[np.ndarray, np.ndarray]
     return np.arange(half + 1, half + 1 + len(means)), means
 
 
-def slope_rule(rewards, window: int = 25, threshold: float = 0.15, fallback_step: int | None = None) -> SlopeRuleResult:
+def slope_rule(rewards, window: int = 25, threshold: float = 0.15, fallback_step: int | None = None,
+               first_step: int = 1) -> SlopeRuleResult:
     """Paper App. B.6, well defined: centred ``window``-step MA of the training reward (interior
     points); slope at step s = (MA(s) - MA(s-1)) / (max - min of the rewards); from the steepest
     positive slope, the first later step whose slope is below ``threshold`` x that slope.
     Falls back to ``fallback_step`` (None: the last step) when there is no positive slope or the
-    slope never drops below the threshold."""
-    last = len(rewards)
+    slope never drops below the threshold. Only steps from ``first_step`` on (1-based) make the
+    curve (``rewards[first_step - 1:]``, its range included); steps keep the run's numbering."""
+    last, skip = len(rewards), first_step - 1
     fallback = fallback_step if fallback_step is not None else last
-    steps, ma = centred_moving_average(rewards, window)
-    span = float(np.ptp(rewards)) if last else 0.0
+    curve = np.asarray(rewards[skip:], dtype=float)
+    steps, ma = centred_moving_average(curve, window)
+    steps = steps + skip
+    span = float(np.ptp(curve)) if len(curve) else 0.0
     if len(ma) < 2 or span == 0:
-        return SlopeRuleResult(fallback, True, f"curve too short ({last} steps < {window + 1}) or flat")
+        return SlopeRuleResult(fallback, True, f"curve too short ({len(curve)} steps < {window + 1}) or flat",
+                               first_step=first_step)
     slopes = np.diff(ma) / span
     slope_steps = steps[1:]
     top = int(np.argmax(slopes))
     max_slope = float(slopes[top])
     if max_slope <= 0:
-        return SlopeRuleResult(fallback, True, "no positive slope", max_slope, int(slope_steps[top]))
+        return SlopeRuleResult(fallback, True, "no positive slope", max_slope, int(slope_steps[top]), first_step)
     below = np.nonzero(slopes[top:] < threshold * max_slope)[0]
     if len(below) == 0:
         return SlopeRuleResult(fallback, True, f"slope never fell below {threshold:.0%} of its maximum",
-                               max_slope, int(slope_steps[top]))
+                               max_slope, int(slope_steps[top]), first_step)
     stop = int(slope_steps[top + below[0]])
     return SlopeRuleResult(stop, False, f"first step after the steepest slope with slope < {threshold:.0%} of it",
-                           max_slope, int(slope_steps[top]))
+                           max_slope, int(slope_steps[top]), first_step)
+
+
+def slope_rule_first_step(ecfg, synthetic: list) -> int:
+    """Where a fresh student's slope rule starts: after the synthetic-only steps of a curriculum (their
+    reward is on other questions, and it drops at the switch to hard-train), else at step 1."""
+    return ecfg.curriculum_steps + 1 if ecfg.mixing == "curriculum" and synthetic else 1
 
 
 def window_mean(evals: list[dict], start: int, length: int, last_step: int) -> dict:
@@ -320,7 +333,8 @@ def run_eval(cfg) -> dict:
             base = load_model(cfg.model)
             result = train_fresh_student(base, tokenizer, grader, synthetic, hard_train, hard_test, cfg, metrics_log)
             evals, sr = result["evals"], ecfg.slope
-            rule = slope_rule(result["train_reward"], sr.window, sr.threshold, sr.fallback_step)
+            rule = slope_rule(result["train_reward"], sr.window, sr.threshold, sr.fallback_step,
+                              slope_rule_first_step(ecfg, synthetic))
             summary.update(notes, mixing=ecfg.mixing if synthetic else "none", questions=len(synthetic),
                            synthetic_frac=ecfg.synthetic_frac, curriculum_steps=ecfg.curriculum_steps,
                            steps=ecfg.steps, warmup_steps=result["warmup_steps"],
