@@ -350,9 +350,12 @@ class LoopConfig:
     hard_set: Optional[str] = None
     """Bring your own hard set: a folder with ``hard_train.jsonl`` / ``hard_test.jsonl`` (a
     ``soar-filter`` run); a fail@k ``manifest.jsonl`` (or a folder holding only one), whose 0-pass
-    ids are taken from ``data`` and split like ``soar-filter`` does (``filter.test_frac``, ``seed``);
-    or a JSONL of ``id``/``question``/``answer`` rows, split by its ``split`` column (train/test) or,
-    without one, like a manifest. None builds it with fail@k on ``data`` inside the run dir (resumable)."""
+    ids are taken from ``data`` and split as ``soar-filter`` splits them (``filter.test_frac``, with
+    the seed the manifest records, not this run's: every run of the hard set gets one split); or a
+    JSONL of ``id``/``question``/``answer`` rows, split by its ``split`` column (train/test) or, without
+    one, with seed 0 (``soar.filters.failk.UNRECORDED_SPLIT_SEED``, as a manifest that records none).
+    A derived split is written to ``<run>/hard_set`` and kept on resume. None builds the hard set with
+    fail@k on ``data`` inside the run dir (resumable), split with the run's seed."""
     keep_last: int = 2
     """Outer-step checkpoints kept."""
     keep_every: int = 0
@@ -473,8 +476,8 @@ class EvalConfig:
     questions: Optional[str] = None
     """``method=questions``: a ``soar-export`` folder, a ``save_to_disk`` folder or a JSONL/parquet file."""
     hard_set: Optional[str] = None
-    """Folder with ``hard_train.jsonl`` / ``hard_test.jsonl`` (None: ``loop.hard_set``, else
-    ``<run_dir>/hard_set``)."""
+    """The hard set, in any form ``loop.hard_set`` takes, split the same way. None: ``loop.hard_set``;
+    else the split the ``run_dir`` run trained on (``<run_dir>/hard_set``, else its ``loop.hard_set``)."""
     mixing: str = "mixed"
     """``mixed``: batches drawn from the union of synthetic and hard-train questions; ``curriculum``:
     synthetic only for ``curriculum_steps`` steps (0 warm-up), then hard-train (paper: MATH)."""

@@ -27,7 +27,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from soar.config import ConfigError, _fail
-from soar.data import Problem, load_problems, write_jsonl
+from soar.data import Problem, write_jsonl
 from soar.diversity import bootstrap_vendi, load_embedder
 from soar.grading import make_grader
 from soar.run import MetricsLogger
@@ -215,17 +215,20 @@ def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, met
 
 # ---- the stage ----------------------------------------------------------------------------------
 def load_hard_split(cfg, run) -> tuple[list, list, str]:
-    folder = cfg.eval.hard_set or cfg.loop.hard_set or (run.config.loop.hard_set if run else None) or \
-        (str(run.path / "hard_set") if run else None)
-    if not folder:
-        raise ConfigError("config error: eval.hard_set: give a hard set folder (or eval.run_dir / loop.hard_set)")
-    splits = []
-    for split in ("train", "test"):
-        f = Path(folder).expanduser() / f"hard_{split}.jsonl"
-        if not f.is_file():
-            raise RunDataError(f"{f}: missing (eval.hard_set needs hard_train.jsonl and hard_test.jsonl)")
-        splits.append(load_problems(cfg.data, str(f)))
-    return splits[0], splits[1], str(folder)
+    """(train, test, source): ``eval.hard_set`` or ``loop.hard_set`` read as ``soar-train`` reads a
+    given hard set (one split per hard set, whatever the seed), else the split ``run`` trained on."""
+    from soar.prepare import given_hard_set, has_hard_split, read_hard_split
+
+    for field in ("eval.hard_set", "loop.hard_set"):
+        if OmegaConf.select(cfg, field):
+            return given_hard_set(cfg, field=field)
+    if run is None:
+        raise ConfigError("config error: eval.hard_set: give a hard set (or eval.run_dir / loop.hard_set)")
+    if has_hard_split(run.path / "hard_set"):  # built by the run, or derived from its loop.hard_set
+        return *read_hard_split(cfg, run.path / "hard_set"), str(run.path / "hard_set")
+    if run.config.loop.hard_set:  # a hard-set folder, read as given
+        return given_hard_set(OmegaConf.merge(cfg, {"loop": {"hard_set": run.config.loop.hard_set}}))
+    raise RunDataError(f"{run.path / 'hard_set'}: missing hard_train.jsonl / hard_test.jsonl")
 
 
 def synthetic_questions(cfg, run) -> tuple[list, dict]:

@@ -69,3 +69,97 @@ def test_slope_rule_under_the_curriculum_runs_after_the_synthetic_phase():
         assert rule.first_step == 65
     short = slope_rule(curriculum_curve(0, steps=80), sr.window, sr.threshold, None, first)  # 16 hard steps
     assert short.fallback and short.stop_step == 80 and "16 steps" in short.reason
+
+
+# ---- one hard split per hard set ----------------------------------------------------------------------
+def filtered_pool(tmp_path: Path, filter_seed: int = 7, n: int = 24):
+    """A question pool and what ``soar-filter`` (seed ``filter_seed``) writes for it: the manifest
+    (every third problem solved once, the rest 0/2) and the hard split (``build_hard_set``)."""
+    from soar.data import Problem, write_jsonl
+    from soar.filters.failk import build_hard_set
+
+    problems = [Problem(f"p{i:02d}", f"{i} + {i}", str(2 * i)) for i in range(n)]
+    pool = tmp_path / "pool.jsonl"
+    write_jsonl(pool, [{"id": p.id, "question": p.question, "answer": p.answer} for p in problems])
+    out = tmp_path / "filter"
+    out.mkdir()
+    cfg = soar.compose(["experiment=paper", f"data.path={pool}", f"seed={filter_seed}", "filter.k=2"])
+    provenance = {"model": "m", "template_sha": "t", "sampling": {}, "seed": filter_seed, "k": 2, "grader": "math_verify"}
+    rows = {p.id: {"id": p.id, "batch": i // 4, "outcomes": [0, int(i % 3 == 0)], "passes": int(i % 3 == 0),
+                   "overflow": 0, **provenance} for i, p in enumerate(problems)}
+    write_jsonl(out / "manifest.jsonl", list(rows.values()))
+    summary = build_hard_set(problems, rows, cfg, out, provenance, {})
+    written = [[json.loads(line)["id"] for line in (out / f"hard_{s}.jsonl").read_text().splitlines()]
+               for s in ("train", "test")]
+    return pool, out, summary, written
+
+
+def hard_ids(split):
+    return [[p.id for p in problems] for problems in split[:2]]
+
+
+def test_runs_of_any_seed_given_one_manifest_get_its_one_split(tmp_path):
+    """Runs of seeds 0 and 1 given one manifest get the same split, the one ``soar-filter`` wrote for
+    it (drawn with the filter's seed, which the manifest records); the run dir keeps it on record."""
+    from soar.filters.failk import split_hard
+    from soar.prepare import given_hard_set
+
+    pool, out, summary, written = filtered_pool(tmp_path)
+    assert summary["split"] == {"seed": 7, "test_frac": 0.5} and summary["hard"] == 16
+    assert written == [list(s) for s in split_hard([f"p{i:02d}" for i in range(24) if i % 3], 0.5, 7)]
+    for seed in (0, 1):
+        run = tmp_path / f"run_{seed}"
+        cfg = soar.compose(["experiment=paper", f"data.path={pool}", f"seed={seed}",
+                            f"loop.hard_set={out / 'manifest.jsonl'}"])
+        assert hard_ids(given_hard_set(cfg, run)) == written, seed
+        recorded = [[json.loads(line)["id"] for line in (run / "hard_set" / f"hard_{s}.jsonl").read_text().splitlines()]
+                    for s in ("train", "test")]
+        assert recorded == written
+    assert [list(s) for s in split_hard(written[0] + written[1], 0.5, 0)] != written  # a run seed's split differs
+
+
+def test_a_manifest_recording_no_seed_is_split_with_seed_0_for_every_run(tmp_path):
+    from soar.filters.failk import UNRECORDED_SPLIT_SEED, split_hard
+    from soar.prepare import given_hard_set
+
+    pool, out, _, _ = filtered_pool(tmp_path)
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    bare = tmp_path / "bare.jsonl"  # a manifest written before rows carried their provenance
+    bare.write_text("".join(json.dumps({k: r[k] for k in ("id", "outcomes", "passes")}) + "\n" for r in rows))
+    hard = sorted(r["id"] for r in rows if r["passes"] == 0)
+    expected = [list(s) for s in split_hard(hard, 0.5, UNRECORDED_SPLIT_SEED)]
+    for seed in (0, 3):
+        cfg = soar.compose(["experiment=paper", f"data.path={pool}", f"seed={seed}", f"loop.hard_set={bare}"])
+        assert hard_ids(given_hard_set(cfg)) == expected
+    rows[5]["seed"] = 8  # two filter runs' rows in one manifest: which split is meant?
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = soar.compose(["experiment=paper", f"data.path={pool}", f"loop.hard_set={tmp_path / 'mixed.jsonl'}"])
+    with pytest.raises(soar.ConfigError, match=r"loop.hard_set: .*mixed.jsonl: row 6: field 'seed' is 8 but row 1 has 7"):
+        given_hard_set(cfg)
+
+
+def test_a_resumed_run_and_its_evaluation_keep_the_split_it_started_with(tmp_path):
+    """A run dir that records a split (e.g. derived from the run's seed before this fix) keeps it on
+    resume, and ``soar-eval`` of that run reads it too: its hard-test stays the one it never trained on."""
+    from soar.data import write_jsonl
+    from soar.evaluate import load_hard_split
+    from soar.prepare import hard_set
+    from soar.rundata import RunData
+
+    pool, out, _, written = filtered_pool(tmp_path)
+    old_train, old_test = written[0][:-2] + written[1][:2], written[1][2:] + written[0][-2:]
+    run = tmp_path / "run"
+    (run / "hard_set").mkdir(parents=True)
+    rows = {json.loads(line)["id"]: json.loads(line) for line in pool.read_text().splitlines()}
+    for name, ids in (("train", old_train), ("test", old_test)):
+        write_jsonl(run / "hard_set" / f"hard_{name}.jsonl", [rows[i] for i in ids])
+    cfg = soar.compose(["experiment=paper", f"data.path={pool}", f"loop.hard_set={out / 'manifest.jsonl'}",
+                        "inner.reward_questions=4"])
+    h = hard_set(cfg, run, None, None)
+    assert [[p.id for p in h.train], [p.id for p in h.test]] == [old_train, old_test]
+    eval_cfg = soar.compose(["experiment=paper", f"data.path={pool}"])
+    trained = RunData(run, cfg, "0" * 16, [], [], [])
+    assert hard_ids(load_hard_split(eval_cfg, trained)) == [old_train, old_test]
+    # without a run, eval.hard_set (any form) is split as soar-train splits it
+    eval_cfg = soar.compose(["experiment=paper", f"data.path={pool}", "seed=5", f"eval.hard_set={out / 'manifest.jsonl'}"])
+    assert hard_ids(load_hard_split(eval_cfg, None)) == written
