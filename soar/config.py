@@ -509,7 +509,7 @@ class EvalConfig:
     """``method=teacher``: the teacher after outer step N (None: the last checkpoint)."""
     oracle_path: Optional[str] = None
     """``method=oracle``: real training questions to draw ``oracle_size`` from (None in the world:
-    its stepping-stone family)."""
+    its stepping-stone family), less any whose id or question is in hard-test."""
     oracle_size: int = 128
     """Oracle questions (paper: 128 random training questions)."""
     slope: SlopeRuleConfig = field(default_factory=SlopeRuleConfig)

@@ -231,8 +231,21 @@ def load_hard_split(cfg, run) -> tuple[list, list, str]:
     raise RunDataError(f"{run.path / 'hard_set'}: missing hard_train.jsonl / hard_test.jsonl")
 
 
-def synthetic_questions(cfg, run) -> tuple[list, dict]:
-    """The synthetic set of a training method, and notes for the summary."""
+def _question_key(question: str) -> str:
+    return " ".join(question.split())
+
+
+def without_hard_test(pool: list, hard_test: list) -> tuple[list, int]:
+    """``pool`` less every problem whose id or question (whitespace-normalised) is in ``hard_test``,
+    and how many that removed: training questions must not include the test set."""
+    ids, questions = {p.id for p in hard_test}, {_question_key(p.question) for p in hard_test}
+    kept = [p for p in pool if p.id not in ids and _question_key(p.question) not in questions]
+    return kept, len(pool) - len(kept)
+
+
+def synthetic_questions(cfg, run, hard_test: list) -> tuple[list, dict]:
+    """The synthetic set of a training method, and notes for the summary. The oracle's pool is
+    drawn from without the hard-test problems (``without_hard_test``)."""
     from soar.export import load_questions
 
     ecfg, method = cfg.eval, cfg.eval.method
@@ -256,8 +269,13 @@ def synthetic_questions(cfg, run) -> tuple[list, dict]:
             pool = hook_world(cfg, "data.build").family(cfg, "stepping", ecfg.oracle_size, "oracle")  # one set
         else:
             raise ConfigError("config error: eval.oracle_path: method=oracle needs real training questions")
+        source = ecfg.oracle_path or "world stepping-stone family"
+        pool, excluded = without_hard_test(pool, hard_test)
+        if not pool:
+            raise ConfigError(f"config error: eval.oracle_path: every question of {source} is in hard-test")
         pick = rng.choice(len(pool), size=min(ecfg.oracle_size, len(pool)), replace=False)
-        return [pool[i] for i in sorted(pick)], {"oracle_source": ecfg.oracle_path or "world stepping-stone family"}
+        return [pool[i] for i in sorted(pick)], {"oracle_source": source, "oracle_pool": len(pool),
+                                                 "oracle_excluded_hard_test": excluded}
     raise AssertionError(method)
 
 
@@ -331,7 +349,7 @@ def run_eval(cfg) -> dict:
             summary.update(info=info, inference_seeds=seeds, selected=mean, final=mean,
                            sd={k: float(np.std([r[k] for r in seeds])) for k in seeds[0]}, questions=0)
         else:
-            synthetic, notes = synthetic_questions(cfg, run)
+            synthetic, notes = synthetic_questions(cfg, run, hard_test)
             write_jsonl(rd.path / "questions.jsonl", [p.to_dict() for p in synthetic])
             base = load_model(cfg.model)
             result = train_fresh_student(base, tokenizer, grader, synthetic, hard_train, hard_test, cfg, metrics_log)

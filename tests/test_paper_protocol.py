@@ -163,3 +163,26 @@ def test_a_resumed_run_and_its_evaluation_keep_the_split_it_started_with(tmp_pat
     # without a run, eval.hard_set (any form) is split as soar-train splits it
     eval_cfg = soar.compose(["experiment=paper", f"data.path={pool}", "seed=5", f"eval.hard_set={out / 'manifest.jsonl'}"])
     assert hard_ids(load_hard_split(eval_cfg, None)) == written
+
+
+# ---- the oracle pool --------------------------------------------------------------------------------
+def test_the_oracle_pool_leaves_out_hard_test(tmp_path):
+    """Oracle rows train on real questions; any that is a hard-test problem, by id or by question
+    (e.g. a MATH train problem repeated in the test split under another id), is left out."""
+    from soar.data import Problem, write_jsonl
+    from soar.evaluate import synthetic_questions
+
+    hard_test = [Problem(f"test/{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(4)]
+    pool = [{"id": f"train/{i}", "question": f"What is {i} * 3?", "answer": str(3 * i)} for i in range(6)]
+    pool += [{"id": "test/0", "question": "What is 0 + 0?", "answer": "0"},  # the same id
+             {"id": "train/dup", "question": "What  is 1 +\n1?", "answer": "2"}]  # the same question, respaced
+    write_jsonl(tmp_path / "oracle.jsonl", pool)
+    cfg = soar.compose(["experiment=paper", "eval.method=oracle", f"eval.oracle_path={tmp_path / 'oracle.jsonl'}",
+                        "eval.oracle_size=100"])
+    drawn, notes = synthetic_questions(cfg, None, hard_test)
+    assert sorted(p.id for p in drawn) == [f"train/{i}" for i in range(6)]
+    assert notes["oracle_excluded_hard_test"] == 2 and notes["oracle_pool"] == 6
+    write_jsonl(tmp_path / "all_test.jsonl", pool[6:])
+    with pytest.raises(soar.ConfigError, match="eval.oracle_path: every question of .*all_test.jsonl is in hard-test"):
+        synthetic_questions(soar.compose(["experiment=paper", "eval.method=oracle",
+                                          f"eval.oracle_path={tmp_path / 'all_test.jsonl'}"]), None, hard_test)
