@@ -59,6 +59,11 @@ def pass_at_k_means(correct_counts, n: int, ks) -> dict[str, float]:
     return {f"eval/pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in correct_counts])) for k in ks}
 
 
+def sample_sd(values) -> float | None:
+    """The sample standard deviation (ddof 1) of what is reported over seeds; None below 2 values."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
 # ---- slope rule ---------------------------------------------------------------------------------
 @dataclass
 class SlopeRuleResult:
@@ -347,7 +352,7 @@ def run_eval(cfg) -> dict:
                 metrics_log.log(i, row)
             mean = {k: float(np.mean([r[k] for r in seeds])) for k in seeds[0]}
             summary.update(info=info, inference_seeds=seeds, selected=mean, final=mean,
-                           sd={k: float(np.std([r[k] for r in seeds])) for k in seeds[0]}, questions=0)
+                           sd={k: sample_sd([r[k] for r in seeds]) for k in seeds[0]}, questions=0)
         else:
             synthetic, notes = synthetic_questions(cfg, run, hard_test)
             write_jsonl(rd.path / "questions.jsonl", [p.to_dict() for p in synthetic])
@@ -394,9 +399,9 @@ def validate_eval(cfg) -> None:
 
 # ---- aggregation over seeds ---------------------------------------------------------------------
 def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selected") -> dict:
-    """Mean ± SD over seeds per label and metric (the paper's Tables 4-6), plus the Vendi score of
-    each label's final question sets the paper's way (bootstrap to 128 questions, 100 times; mean ±
-    SD over distinct sets). ``which``: ``selected`` (slope rule), ``fixed`` or ``final``."""
+    """Mean ± SD over seeds (``sample_sd``) per label and metric (the paper's Tables 4-6), plus the
+    Vendi score of each label's final question sets the paper's way (bootstrap to 128 questions, 100
+    times; mean ± SD over distinct sets). ``which``: ``selected`` (slope rule), ``fixed`` or ``final``."""
     by_label: dict[str, list[dict]] = {}
     for d in eval_dirs:
         summary = read_json(Path(d) / "eval.json")
@@ -408,7 +413,7 @@ def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selec
         keys = sorted({k for r in rows for k in r.get(which, r["selected"]) if k.startswith("eval/")},
                       key=lambda k: (k != "eval/greedy_acc", int(k.split("@")[1]) if "@" in k else 0))
         values = {k: [r.get(which, r["selected"])[k] for r in rows] for k in keys}
-        entry = {"seeds": len(rows), "metrics": {k: {"mean": float(np.mean(v)), "sd": float(np.std(v))}
+        entry = {"seeds": len(rows), "metrics": {k: {"mean": float(np.mean(v)), "sd": sample_sd(v)}
                                                   for k, v in values.items()}}
         if embedder is not None:
             sets = {}
@@ -421,21 +426,25 @@ def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selec
             scores = [bootstrap_vendi(embedder.encode(qs, show_progress_bar=False), 128, 100, seed=0)[0]
                       for qs in sets.values()]
             if scores:
-                entry["vendi"] = {"mean": float(np.mean(scores)), "sd": float(np.std(scores)), "sets": len(scores)}
+                entry["vendi"] = {"mean": float(np.mean(scores)), "sd": sample_sd(scores), "sets": len(scores)}
         table[label] = entry
     return {"which": which, "table": table}
 
 
+def _mean_sd(entry: dict, scale: float, digits: int) -> str:
+    sd = f"{scale * entry['sd']:.{digits}f}" if entry["sd"] is not None else "–"
+    return f"{scale * entry['mean']:.{digits}f} ± {sd}"
+
+
 def markdown_table(agg: dict) -> str:
-    """The aggregate as a Markdown table (values in %, mean ± SD), like the paper's Tables 4-6."""
+    """The aggregate as a Markdown table (values in %, mean ± SD; – for one seed), like the paper's Tables 4-6."""
     table = agg["table"]
     keys = sorted({k for e in table.values() for k in e["metrics"]},
                   key=lambda k: (k != "eval/greedy_acc", int(k.split("@")[1]) if "@" in k else 0))
     head = "| method | seeds | " + " | ".join(k.removeprefix("eval/") for k in keys) + " | Vendi |"
     lines = [head, "|" + "---|" * (len(keys) + 3)]
     for label, e in table.items():
-        cells = [f"{100 * e['metrics'][k]['mean']:.1f} ± {100 * e['metrics'][k]['sd']:.1f}" if k in e["metrics"] else "-"
-                 for k in keys]
-        vendi = f"{e['vendi']['mean']:.2f} ± {e['vendi']['sd']:.2f}" if "vendi" in e else "-"
+        cells = [_mean_sd(e["metrics"][k], 100, 1) if k in e["metrics"] else "-" for k in keys]
+        vendi = _mean_sd(e["vendi"], 1, 2) if "vendi" in e else "-"
         lines.append(f"| {label} | {e['seeds']} | " + " | ".join(cells) + f" | {vendi} |")
     return "\n".join(lines) + "\n"

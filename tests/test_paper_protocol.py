@@ -186,3 +186,28 @@ def test_the_oracle_pool_leaves_out_hard_test(tmp_path):
     with pytest.raises(soar.ConfigError, match="eval.oracle_path: every question of .*all_test.jsonl is in hard-test"):
         synthetic_questions(soar.compose(["experiment=paper", "eval.method=oracle",
                                           f"eval.oracle_path={tmp_path / 'all_test.jsonl'}"]), None, hard_test)
+
+
+# ---- standard deviations over seeds ---------------------------------------------------------------
+def test_reported_sds_over_seeds_are_sample_sds(tmp_path):
+    """Mean ± SD per label uses the sample SD (ddof 1), as does every SE built from it; one seed
+    has no SD (None in JSON, – in the table), never a 0 that reads as certainty."""
+    from soar.evaluate import aggregate, markdown_table, sample_sd
+
+    values = {"PQ": [0.1, 0.2, 0.6], "Hard-Only": [0.3]}
+    dirs = []
+    for label, xs in values.items():
+        for seed, x in enumerate(xs):
+            d = tmp_path / f"{label}_{seed}"
+            d.mkdir()
+            (d / "eval.json").write_text(json.dumps({"label": label, "seed": seed,
+                                                     "selected": {"eval/pass@1": x, "eval/greedy_acc": x / 2}}))
+            dirs.append(d)
+    table = aggregate(dirs)["table"]
+    pq = table["PQ"]["metrics"]["eval/pass@1"]
+    assert pq["mean"] == pytest.approx(0.3) and pq["sd"] == pytest.approx(np.sqrt(0.07))  # ddof 0 gave sqrt(0.14/3)
+    assert pq["sd"] == pytest.approx(float(np.std(values["PQ"], ddof=1)))
+    assert table["Hard-Only"]["metrics"]["eval/pass@1"]["sd"] is None
+    md = markdown_table({"table": table})
+    assert "| PQ | 3 | 15.0 ± 13.2 | 30.0 ± 26.5 |" in md and "| Hard-Only | 1 | 15.0 ± – | 30.0 ± – |" in md
+    assert sample_sd([1.0, 3.0]) == pytest.approx(np.sqrt(2)) and sample_sd([1.0]) is None
