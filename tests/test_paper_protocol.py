@@ -211,3 +211,45 @@ def test_reported_sds_over_seeds_are_sample_sds(tmp_path):
     md = markdown_table({"table": table})
     assert "| PQ | 3 | 15.0 ± 13.2 | 30.0 ± 26.5 |" in md and "| Hard-Only | 1 | 15.0 ± – | 30.0 ± – |" in md
     assert sample_sd([1.0, 3.0]) == pytest.approx(np.sqrt(2)) and sample_sd([1.0]) is None
+
+
+# ---- the baseline scored in the students' layout ------------------------------------------------
+def mixed_length_hard_set(path: Path) -> Path:
+    """40 hard-train problems of 1 and 2 digits but one of 3, which step 1's Q_R (seed 0) leaves out,
+    and 8 hard-test ones: a pass over hard train pads every row to the 3-digit problem's length, the
+    Q_R batch to a shorter one, and padding changes the numerics of every row."""
+    from soar.data import write_jsonl
+    from soar.loop import draw_reward_questions
+    from soar.seeding import derive_seed
+    from soar.worlds.arith import generate_problems
+
+    train = [p for d in (1, 2) for p in generate_problems(d, 0, 20, seed=d, prefix=f"d{d}")]
+    outside = min(set(range(40)) - set(draw_reward_questions(40, 8, derive_seed(0, "reward_questions", 0))))
+    train[outside] = generate_problems(3, 0, 1, seed=3, prefix="d3")[0]
+    test = generate_problems(2, 0, 8, seed=4, prefix="test")
+    write_jsonl(path, [{**p.to_dict(), "meta": json.dumps(p.meta), "split": split}
+                       for split, problems in (("train", train), ("test", test)) for p in problems])
+    return path
+
+
+@pytest.mark.parametrize("metric, dtype", [("gold_prob", "float32"), ("accuracy", "bfloat16")])
+def test_an_unchanged_student_gets_a_reward_of_exactly_0(tiny_model_dir, tmp_path, metric, dtype):
+    """Students at lr 1e-30 (no weight moves: checked on the promoted one) score on Q_R exactly as the
+    baseline does, so every R_{k,j} is 0.0, not a layout's rounding. Scored as a slice of one pass over
+    hard train (``mixed_length_hard_set``), the baseline's gold log-probs differ from the students' in
+    the 6th digit on CPU in fp32 (by up to 0.03 in bf16; greedy answers flip more rarely)."""
+    import torch
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "run"
+    soar.train(soar.compose([
+        "experiment=arith_micro", f"model.path={tiny_model_dir}", f"run.dir={run_dir}", "run.threads=1",
+        "run.progress=false", "loop.diversity_model=null", f"loop.hard_set={mixed_length_hard_set(tmp_path / 'hard.jsonl')}",
+        "loop.steps=1", "student.lr=1e-30", f"inner.reward_metric={metric}", f"model.dtype={dtype}",
+        "promotion.window=1"]))  # tau -1: the step's median student of the best dataset is promoted, kept on disk
+    dump = json.loads((run_dir / "steps" / "step_000001.json").read_text())
+    rewards = [r for d in dump["datasets"] for r in d["replicate_rewards"]]
+    assert len(rewards) == 4 and rewards == [0.0] * 4, rewards
+    base = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
+    promoted = load_file(str(run_dir / dump["promotion"]["path"] / "model.safetensors"))
+    assert all(torch.equal(promoted[k].float(), base[k].to(getattr(torch, dtype)).float()) for k in base)
