@@ -78,8 +78,7 @@ def has_hard_split(folder: Path) -> bool:
 
 def read_hard_split(cfg, folder: Path) -> tuple[list[Problem], list[Problem]]:
     """(train, test) of a folder holding ``hard_train.jsonl`` and ``hard_test.jsonl``."""
-    train, test = (load_problem_records(cfg.data, folder / f"hard_{s}.jsonl") for s in ("train", "test"))
-    return train, test
+    return tuple(load_problem_records(cfg.data, folder / f"hard_{s}.jsonl") for s in ("train", "test"))
 
 
 def given_hard_set(cfg, run_path: Path | None = None,
@@ -127,7 +126,7 @@ def given_hard_set(cfg, run_path: Path | None = None,
         train_ids, test_ids = ([pid for pid, v in splits.items() if v == s] for s in ("train", "test"))
     else:
         train_ids, test_ids = split_hard(list(splits), cfg.filter.test_frac, split_seed)
-        log.info("%s: hard split drawn with the hard set's seed %d (filter.test_frac=%s)", given, split_seed,
+        log.info("%s: hard split drawn with the hard set's seed %s (filter.test_frac=%s)", given, split_seed,
                  cfg.filter.test_frac)
     by_id = {p.id: p for p in problems}
     train, test = [by_id[i] for i in train_ids], [by_id[i] for i in test_ids]

@@ -75,7 +75,7 @@ def manifest_split_seed(rows: list[dict], path: Path) -> int:
     manifest gets the split ``soar-filter`` wrote; ``UNRECORDED_SPLIT_SEED`` if no row records one."""
     seeds = [row.get("seed") for row in rows]
     for n, seed in enumerate(seeds):
-        if seed != seeds[0] or not (seed is None or isinstance(seed, int)):
+        if seed != seeds[0]:
             raise DataError(f"{path}: row {n + 1}: field 'seed' is {seed!r} but row 1 has {seeds[0]!r} (one fail@k "
                             "run's manifest records one seed, from which its hard split is drawn)")
     return UNRECORDED_SPLIT_SEED if not seeds or seeds[0] is None else seeds[0]
