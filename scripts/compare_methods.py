@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="teacher (soar-train) seeds")
     ap.add_argument("--students", type=int, default=2, help="fresh-student seeds per teacher / PQ dataset")
     ap.add_argument("--questions", type=int, default=128, help="questions sampled per teacher (paper: 128)")
-    ap.add_argument("--min-promotions", type=int, default=1, help="PQ/PS eligibility (paper: 3)")
+    ap.add_argument("--min-promotions", type=int, default=1, help="PQ/PS eligibility (paper: 2)")
     ap.add_argument("--mixing", choices=["mixed", "curriculum"], help="fresh students' eval.mixing (default: the preset's)")
     ap.add_argument("--eval-steps", type=int, default=40, help="fresh-student steps (paper: up to 1500)")
     ap.add_argument("--samples", type=int, default=32, help="pass@k samples per hard-test problem (paper: 32)")
@@ -214,10 +214,13 @@ def main() -> None:
     for label in (*PQ_ROWS, *PS_ROWS, "Grounded-T"):
         if label in agg["table"]:
             m, n = agg["table"][label]["metrics"][key], agg["table"][label]["seeds"]
-            se = float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))
+            sds = (m["sd"], ho["sd"])  # sample SDs (ddof 1); None for a single seed
+            se = (float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))
+                  if None not in sds else None)
             verdict[label] = {"diff": m["mean"] - ho["mean"], "se": se, "n": n,
                               "diff_in_se": (m["mean"] - ho["mean"]) / se if se else None,
-                              "beats_hard_only_by_more_than_sd": m["mean"] - ho["mean"] > max(m["sd"], ho["sd"])}
+                              "beats_hard_only_by_more_than_sd": m["mean"] - ho["mean"] > max(sds)
+                              if None not in sds else None}
             paired = [v - ho_by_seed[s] for s, v in by_teacher_seed(label).items() if s in ho_by_seed]
             if len(paired) > 1:
                 verdict[label]["by_teacher_seed"] = mean_se(paired)

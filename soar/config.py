@@ -350,9 +350,12 @@ class LoopConfig:
     hard_set: Optional[str] = None
     """Bring your own hard set: a folder with ``hard_train.jsonl`` / ``hard_test.jsonl`` (a
     ``soar-filter`` run); a fail@k ``manifest.jsonl`` (or a folder holding only one), whose 0-pass
-    ids are taken from ``data`` and split like ``soar-filter`` does (``filter.test_frac``, ``seed``);
-    or a JSONL of ``id``/``question``/``answer`` rows, split by its ``split`` column (train/test) or,
-    without one, like a manifest. None builds it with fail@k on ``data`` inside the run dir (resumable)."""
+    ids are taken from ``data`` and split as ``soar-filter`` splits them (``filter.test_frac``, with
+    the seed the manifest records, not this run's: every run of the hard set gets one split); or a
+    JSONL of ``id``/``question``/``answer`` rows, split by its ``split`` column (train/test) or, without
+    one, with seed 0 (``soar.filters.failk.UNRECORDED_SPLIT_SEED``, as a manifest that records none).
+    A derived split is written to ``<run>/hard_set`` and kept on resume. None builds the hard set with
+    fail@k on ``data`` inside the run dir (resumable), split with the run's seed."""
     keep_last: int = 2
     """Outer-step checkpoints kept."""
     keep_every: int = 0
@@ -403,12 +406,13 @@ class RunConfig:
 
 @dataclass
 class PQConfig:
-    """Which runs' Promotion Questions may be exported and evaluated (paper §5: PQ is evaluated for
-    runs with more than 2 promotions)."""
+    """Which runs' Promotion Questions (``soar-export``, ``soar-eval`` PQ) and promoted students (PS)
+    may be exported and evaluated."""
 
     min_promotions: int = 1
-    """Eligibility: a run needs at least this many promotions (the paper's "> 2 promotions": 3).
-    Below it ``soar-export`` / ``soar-eval`` refuse the run, naming it, unless ``allow_ineligible``."""
+    """Eligibility: a run needs at least this many promotions (``experiment=paper``: 2, since the
+    paper's PQ sizes {128, 192, 256} are 2-4 promoted datasets of 64, although its text says "> 2
+    promotions"). Below it ``soar-export`` / ``soar-eval`` refuse the run, naming it, unless ``allow_ineligible``."""
     allow_ineligible: bool = False
     """Fallback flag: export / evaluate an ineligible run anyway (0 promotions: an empty PQ, so the
     PQ student sees hard-train only); the card and the metrics say so."""
@@ -472,8 +476,8 @@ class EvalConfig:
     questions: Optional[str] = None
     """``method=questions``: a ``soar-export`` folder, a ``save_to_disk`` folder or a JSONL/parquet file."""
     hard_set: Optional[str] = None
-    """Folder with ``hard_train.jsonl`` / ``hard_test.jsonl`` (None: ``loop.hard_set``, else
-    ``<run_dir>/hard_set``)."""
+    """The hard set, in any form ``loop.hard_set`` takes, split the same way. None: ``loop.hard_set``;
+    else the split the ``run_dir`` run trained on (``<run_dir>/hard_set``, else its ``loop.hard_set``)."""
     mixing: str = "mixed"
     """``mixed``: batches drawn from the union of synthetic and hard-train questions; ``curriculum``:
     synthetic only for ``curriculum_steps`` steps (0 warm-up), then hard-train (paper: MATH)."""
@@ -505,11 +509,14 @@ class EvalConfig:
     """``method=teacher``: the teacher after outer step N (None: the last checkpoint)."""
     oracle_path: Optional[str] = None
     """``method=oracle``: real training questions to draw ``oracle_size`` from (None in the world:
-    its stepping-stone family)."""
+    its stepping-stone family), less any whose id or question is in hard-test."""
     oracle_size: int = 128
     """Oracle questions (paper: 128 random training questions)."""
     slope: SlopeRuleConfig = field(default_factory=SlopeRuleConfig)
-    """Checkpoint selection (slope rule)."""
+    """Checkpoint selection (slope rule). Under ``mixing=curriculum`` it runs on the hard-train steps
+    only, from step ``curriculum_steps`` + 1: the synthetic-only steps' reward is on other questions
+    and drops at the switch, so across them the steepest slope could lie in the synthetic phase
+    (paper: not stated)."""
 
 
 WORKER_RAM_GB = 0.9

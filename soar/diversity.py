@@ -54,7 +54,7 @@ def bootstrap_vendi(emb, size: int = 128, iterations: int = 100, seed: int = 0) 
     rng = np.random.default_rng(seed)
     emb = np.asarray(emb)
     scores = [vendi_score(emb[rng.choice(len(emb), size=size, replace=True)]) for _ in range(iterations)]
-    return float(np.mean(scores)), float(np.std(scores))
+    return float(np.mean(scores)), float(np.std(scores, ddof=1))
 
 
 class DiversityMeter:

@@ -12,10 +12,12 @@ is given, and its time is part of the projection. Then, with T = ``loop.steps``:
 - ``step_s``: the loop's phases (``time/*_s`` in ``metrics.jsonl``) plus ``other`` (diversity, step
   dump, metrics, checkpoint: the wall time the loop's phases leave out). With 2+ calibration steps,
   the mean of the steps after the first; the first step's surplus (e.g. loading the embedder) is
-  paid once. ``baseline_eval`` (the baseline's greedy pass over hard-train) is cached per baseline,
-  so it is a one-off, paid again at each promotion (the ``promotion`` phase: saves, hard-train and
-  hard-test passes; measured when the calibration promoted, else estimated from ``baseline_eval``
-  without the saves).
+  paid once. ``baseline_eval`` (the baseline on the step's Q_R, scored as the students are) is paid
+  every step. The baseline's pass over hard-train (the ``promotion/baseline_hard_train_*`` metrics)
+  is cached per baseline: paid in the first step (its surplus) and again at each promotion (the
+  ``promotion`` phase: saves, hard-train and hard-test passes; measured when the calibration
+  promoted, else estimated from ``baseline_eval`` scaled from M to the hard-train and hard-test
+  sizes, without the saves).
 - K: the inner loop grows by ``inner.steps_per_promotion`` per promotion up to ``inner.max_steps``.
   ``low``: no promotion (K = ``student.max_steps`` throughout). ``high``: K = ``inner.max_steps``
   from the first step, the students' phase (``rewards``) scaled by K / K_calibration (its Q_R
@@ -46,8 +48,8 @@ OTHER_PHASE = "other"
 """The part of a step's wall time that the loop's own ``time/*`` phases do not cover."""
 
 
-PER_BASELINE_PHASES = ("baseline_eval", "promotion")
-"""Loop phases paid once per baseline (at the start and at each promotion), not every step."""
+PER_BASELINE_PHASES = ("promotion",)
+"""Loop phases paid once per baseline (at each promotion), not every step."""
 
 
 def knobs(cfg) -> dict:
@@ -114,7 +116,7 @@ def project(calibration: dict, cfg) -> dict:
     """The full run's time, student steps and tokens, low (no promotion) and high (K = K_max)."""
     rows, k = calibration["rows"], knobs(cfg)
     first = step_phases(rows[0])
-    baseline_eval_s = first.get("baseline_eval", 0.0)  # the first step's pass over hard-train
+    baseline_eval_s = first.get("baseline_eval", 0.0)  # the baseline on M = |Q_R| problems
 
     def per_step(phases: dict) -> dict:  # per-baseline costs are counted apart
         return {name: 0.0 if name in PER_BASELINE_PHASES else s for name, s in phases.items()}
@@ -122,7 +124,7 @@ def project(calibration: dict, cfg) -> dict:
     if len(rows) >= 2:
         step = per_step(mean_phases(rows[1:]))
         first_step_extra_s = max(sum(per_step(first).values()) - sum(step.values()), 0.0)
-    else:  # one step: its one-off costs beyond baseline_eval stay in the per-step time (conservative)
+    else:  # one step: its one-off costs stay in the per-step time (conservative)
         step, first_step_extra_s = per_step(first), 0.0
     grounded = k["reward"] == "grounded"
     can_promote = grounded and k["promotion"]
@@ -134,12 +136,11 @@ def project(calibration: dict, cfg) -> dict:
     k_high = max(k_cal, k["K_max"]) if can_promote and k["K_per_promotion"] > 0 else k_cal
     k_scale = {"low": 1.0, "high": k_high / k_cal}
     # A promotion (measured if the calibration had one): saves, the new baseline on hard-train and on
-    # hard-test; else estimated from the first baseline evaluation.
+    # hard-test; else estimated from the baseline's Q_R evaluation, per problem.
     measured = [r["time/promotion_s"] for r in rows if "time/promotion_s" in r]
     promotion_s = (float(np.mean(measured)) if measured else
-                   baseline_eval_s * (1 + calibration["hard_test"] / max(calibration["hard_train"], 1)))
-    one_off_s = {"low": first_step_extra_s + baseline_eval_s,
-                 "high": first_step_extra_s + baseline_eval_s + max_promotions * promotion_s}
+                   baseline_eval_s * (calibration["hard_train"] + calibration["hard_test"]) / max(k["M"], 1))
+    one_off_s = {"low": first_step_extra_s, "high": first_step_extra_s + max_promotions * promotion_s}
     step_s = {b: sum(step.values()) + step.get("rewards", 0.0) * (s - 1) for b, s in k_scale.items()}
     total_s = {b: calibration["hard_set_s"] + one_off_s[b] + k["steps"] * step_s[b] for b in step_s}
     compute = {name: float(np.mean([r.get(name, 0.0) for r in rows])) for name in sorted({n for r in rows for n in r})

@@ -27,7 +27,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from soar.config import ConfigError, _fail
-from soar.data import Problem, load_problems, write_jsonl
+from soar.data import Problem, write_jsonl
 from soar.diversity import bootstrap_vendi, load_embedder
 from soar.grading import make_grader
 from soar.run import MetricsLogger
@@ -59,6 +59,11 @@ def pass_at_k_means(correct_counts, n: int, ks) -> dict[str, float]:
     return {f"eval/pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in correct_counts])) for k in ks}
 
 
+def sample_sd(values) -> float | None:
+    """The sample standard deviation (ddof 1) of what is reported over seeds; None below 2 values."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
 # ---- slope rule ---------------------------------------------------------------------------------
 @dataclass
 class SlopeRuleResult:
@@ -70,6 +75,8 @@ class SlopeRuleResult:
     max_slope: float | None = None
     """Steepest positive slope of the smoothed curve, normalised by the reward range."""
     max_slope_step: int | None = None
+    first_step: int = 1
+    """First step of the curve the rule ran on (after a curriculum's synthetic-only steps)."""
 
 
 def centred_moving_average(values, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,31 +89,42 @@ def centred_moving_average(values, window: int) -> tuple[np.ndarray, np.ndarray]
     return np.arange(half + 1, half + 1 + len(means)), means
 
 
-def slope_rule(rewards, window: int = 25, threshold: float = 0.15, fallback_step: int | None = None) -> SlopeRuleResult:
+def slope_rule(rewards, window: int = 25, threshold: float = 0.15, fallback_step: int | None = None,
+               first_step: int = 1) -> SlopeRuleResult:
     """Paper App. B.6, well defined: centred ``window``-step MA of the training reward (interior
     points); slope at step s = (MA(s) - MA(s-1)) / (max - min of the rewards); from the steepest
     positive slope, the first later step whose slope is below ``threshold`` x that slope.
     Falls back to ``fallback_step`` (None: the last step) when there is no positive slope or the
-    slope never drops below the threshold."""
-    last = len(rewards)
+    slope never drops below the threshold. Only steps from ``first_step`` on (1-based) make the
+    curve (``rewards[first_step - 1:]``, its range included); steps keep the run's numbering."""
+    last, skip = len(rewards), first_step - 1
     fallback = fallback_step if fallback_step is not None else last
-    steps, ma = centred_moving_average(rewards, window)
-    span = float(np.ptp(rewards)) if last else 0.0
+    curve = np.asarray(rewards[skip:], dtype=float)
+    steps, ma = centred_moving_average(curve, window)
+    steps = steps + skip
+    span = float(np.ptp(curve)) if len(curve) else 0.0
     if len(ma) < 2 or span == 0:
-        return SlopeRuleResult(fallback, True, f"curve too short ({last} steps < {window + 1}) or flat")
+        return SlopeRuleResult(fallback, True, f"curve too short ({len(curve)} steps < {window + 1}) or flat",
+                               first_step=first_step)
     slopes = np.diff(ma) / span
     slope_steps = steps[1:]
     top = int(np.argmax(slopes))
     max_slope = float(slopes[top])
     if max_slope <= 0:
-        return SlopeRuleResult(fallback, True, "no positive slope", max_slope, int(slope_steps[top]))
+        return SlopeRuleResult(fallback, True, "no positive slope", max_slope, int(slope_steps[top]), first_step)
     below = np.nonzero(slopes[top:] < threshold * max_slope)[0]
     if len(below) == 0:
         return SlopeRuleResult(fallback, True, f"slope never fell below {threshold:.0%} of its maximum",
-                               max_slope, int(slope_steps[top]))
+                               max_slope, int(slope_steps[top]), first_step)
     stop = int(slope_steps[top + below[0]])
     return SlopeRuleResult(stop, False, f"first step after the steepest slope with slope < {threshold:.0%} of it",
-                           max_slope, int(slope_steps[top]))
+                           max_slope, int(slope_steps[top]), first_step)
+
+
+def slope_rule_first_step(ecfg, synthetic: list) -> int:
+    """Where a fresh student's slope rule starts: after the synthetic-only steps of a curriculum (their
+    reward is on other questions, and it drops at the switch to hard-train), else at step 1."""
+    return ecfg.curriculum_steps + 1 if ecfg.mixing == "curriculum" and synthetic else 1
 
 
 def window_mean(evals: list[dict], start: int, length: int, last_step: int) -> dict:
@@ -202,21 +220,37 @@ def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, met
 
 # ---- the stage ----------------------------------------------------------------------------------
 def load_hard_split(cfg, run) -> tuple[list, list, str]:
-    folder = cfg.eval.hard_set or cfg.loop.hard_set or (run.config.loop.hard_set if run else None) or \
-        (str(run.path / "hard_set") if run else None)
-    if not folder:
-        raise ConfigError("config error: eval.hard_set: give a hard set folder (or eval.run_dir / loop.hard_set)")
-    splits = []
-    for split in ("train", "test"):
-        f = Path(folder).expanduser() / f"hard_{split}.jsonl"
-        if not f.is_file():
-            raise RunDataError(f"{f}: missing (eval.hard_set needs hard_train.jsonl and hard_test.jsonl)")
-        splits.append(load_problems(cfg.data, str(f)))
-    return splits[0], splits[1], str(folder)
+    """(train, test, source): ``eval.hard_set`` or ``loop.hard_set`` read as ``soar-train`` reads a
+    given hard set (one split per hard set, whatever the seed), else the split ``run`` trained on."""
+    from soar.prepare import given_hard_set, has_hard_split, read_hard_split
+
+    for field in ("eval.hard_set", "loop.hard_set"):
+        if OmegaConf.select(cfg, field):
+            return given_hard_set(cfg, field=field)
+    if run is None:
+        raise ConfigError("config error: eval.hard_set: give a hard set (or eval.run_dir / loop.hard_set)")
+    if has_hard_split(run.path / "hard_set"):  # built by the run, or derived from its loop.hard_set
+        return *read_hard_split(cfg, run.path / "hard_set"), str(run.path / "hard_set")
+    if run.config.loop.hard_set:  # a hard-set folder, read as given
+        return given_hard_set(OmegaConf.merge(cfg, {"loop": {"hard_set": run.config.loop.hard_set}}))
+    raise RunDataError(f"{run.path / 'hard_set'}: missing hard_train.jsonl / hard_test.jsonl")
 
 
-def synthetic_questions(cfg, run) -> tuple[list, dict]:
-    """The synthetic set of a training method, and notes for the summary."""
+def _question_key(question: str) -> str:
+    return " ".join(question.split())
+
+
+def without_hard_test(pool: list, hard_test: list) -> tuple[list, int]:
+    """``pool`` less every problem whose id or question (whitespace-normalised) is in ``hard_test``,
+    and how many that removed: training questions must not include the test set."""
+    ids, questions = {p.id for p in hard_test}, {_question_key(p.question) for p in hard_test}
+    kept = [p for p in pool if p.id not in ids and _question_key(p.question) not in questions]
+    return kept, len(pool) - len(kept)
+
+
+def synthetic_questions(cfg, run, hard_test: list) -> tuple[list, dict]:
+    """The synthetic set of a training method, and notes for the summary. The oracle's pool is
+    drawn from without the hard-test problems (``without_hard_test``)."""
     from soar.export import load_questions
 
     ecfg, method = cfg.eval, cfg.eval.method
@@ -240,8 +274,13 @@ def synthetic_questions(cfg, run) -> tuple[list, dict]:
             pool = hook_world(cfg, "data.build").family(cfg, "stepping", ecfg.oracle_size, "oracle")  # one set
         else:
             raise ConfigError("config error: eval.oracle_path: method=oracle needs real training questions")
+        source = ecfg.oracle_path or "world stepping-stone family"
+        pool, excluded = without_hard_test(pool, hard_test)
+        if not pool:
+            raise ConfigError(f"config error: eval.oracle_path: every question of {source} is in hard-test")
         pick = rng.choice(len(pool), size=min(ecfg.oracle_size, len(pool)), replace=False)
-        return [pool[i] for i in sorted(pick)], {"oracle_source": ecfg.oracle_path or "world stepping-stone family"}
+        return [pool[i] for i in sorted(pick)], {"oracle_source": source, "oracle_pool": len(pool),
+                                                 "oracle_excluded_hard_test": excluded}
     raise AssertionError(method)
 
 
@@ -313,14 +352,15 @@ def run_eval(cfg) -> dict:
                 metrics_log.log(i, row)
             mean = {k: float(np.mean([r[k] for r in seeds])) for k in seeds[0]}
             summary.update(info=info, inference_seeds=seeds, selected=mean, final=mean,
-                           sd={k: float(np.std([r[k] for r in seeds])) for k in seeds[0]}, questions=0)
+                           sd={k: sample_sd([r[k] for r in seeds]) for k in seeds[0]}, questions=0)
         else:
-            synthetic, notes = synthetic_questions(cfg, run)
+            synthetic, notes = synthetic_questions(cfg, run, hard_test)
             write_jsonl(rd.path / "questions.jsonl", [p.to_dict() for p in synthetic])
             base = load_model(cfg.model)
             result = train_fresh_student(base, tokenizer, grader, synthetic, hard_train, hard_test, cfg, metrics_log)
             evals, sr = result["evals"], ecfg.slope
-            rule = slope_rule(result["train_reward"], sr.window, sr.threshold, sr.fallback_step)
+            rule = slope_rule(result["train_reward"], sr.window, sr.threshold, sr.fallback_step,
+                              slope_rule_first_step(ecfg, synthetic))
             summary.update(notes, mixing=ecfg.mixing if synthetic else "none", questions=len(synthetic),
                            synthetic_frac=ecfg.synthetic_frac, curriculum_steps=ecfg.curriculum_steps,
                            steps=ecfg.steps, warmup_steps=result["warmup_steps"],
@@ -359,9 +399,9 @@ def validate_eval(cfg) -> None:
 
 # ---- aggregation over seeds ---------------------------------------------------------------------
 def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selected") -> dict:
-    """Mean ± SD over seeds per label and metric (the paper's Tables 4-6), plus the Vendi score of
-    each label's final question sets the paper's way (bootstrap to 128 questions, 100 times; mean ±
-    SD over distinct sets). ``which``: ``selected`` (slope rule), ``fixed`` or ``final``."""
+    """Mean ± SD over seeds (``sample_sd``) per label and metric (the paper's Tables 4-6), plus the
+    Vendi score of each label's final question sets the paper's way (bootstrap to 128 questions, 100
+    times; mean ± SD over distinct sets). ``which``: ``selected`` (slope rule), ``fixed`` or ``final``."""
     by_label: dict[str, list[dict]] = {}
     for d in eval_dirs:
         summary = read_json(Path(d) / "eval.json")
@@ -373,7 +413,7 @@ def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selec
         keys = sorted({k for r in rows for k in r.get(which, r["selected"]) if k.startswith("eval/")},
                       key=lambda k: (k != "eval/greedy_acc", int(k.split("@")[1]) if "@" in k else 0))
         values = {k: [r.get(which, r["selected"])[k] for r in rows] for k in keys}
-        entry = {"seeds": len(rows), "metrics": {k: {"mean": float(np.mean(v)), "sd": float(np.std(v))}
+        entry = {"seeds": len(rows), "metrics": {k: {"mean": float(np.mean(v)), "sd": sample_sd(v)}
                                                   for k, v in values.items()}}
         if embedder is not None:
             sets = {}
@@ -386,21 +426,25 @@ def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selec
             scores = [bootstrap_vendi(embedder.encode(qs, show_progress_bar=False), 128, 100, seed=0)[0]
                       for qs in sets.values()]
             if scores:
-                entry["vendi"] = {"mean": float(np.mean(scores)), "sd": float(np.std(scores)), "sets": len(scores)}
+                entry["vendi"] = {"mean": float(np.mean(scores)), "sd": sample_sd(scores), "sets": len(scores)}
         table[label] = entry
     return {"which": which, "table": table}
 
 
+def _mean_sd(entry: dict, scale: float, digits: int) -> str:
+    sd = f"{scale * entry['sd']:.{digits}f}" if entry["sd"] is not None else "–"
+    return f"{scale * entry['mean']:.{digits}f} ± {sd}"
+
+
 def markdown_table(agg: dict) -> str:
-    """The aggregate as a Markdown table (values in %, mean ± SD), like the paper's Tables 4-6."""
+    """The aggregate as a Markdown table (values in %, mean ± SD; – for one seed), like the paper's Tables 4-6."""
     table = agg["table"]
     keys = sorted({k for e in table.values() for k in e["metrics"]},
                   key=lambda k: (k != "eval/greedy_acc", int(k.split("@")[1]) if "@" in k else 0))
     head = "| method | seeds | " + " | ".join(k.removeprefix("eval/") for k in keys) + " | Vendi |"
     lines = [head, "|" + "---|" * (len(keys) + 3)]
     for label, e in table.items():
-        cells = [f"{100 * e['metrics'][k]['mean']:.1f} ± {100 * e['metrics'][k]['sd']:.1f}" if k in e["metrics"] else "-"
-                 for k in keys]
-        vendi = f"{e['vendi']['mean']:.2f} ± {e['vendi']['sd']:.2f}" if "vendi" in e else "-"
+        cells = [_mean_sd(e["metrics"][k], 100, 1) if k in e["metrics"] else "-" for k in keys]
+        vendi = _mean_sd(e["vendi"], 1, 2) if "vendi" in e else "-"
         lines.append(f"| {label} | {e['seeds']} | " + " | ".join(cells) + f" | {vendi} |")
     return "\n".join(lines) + "\n"

@@ -121,7 +121,8 @@ class Loop:
 
     def baseline_scores(self, metric: str | None = None) -> list[float]:
         """The baseline's score on every hard-train problem in ``metric`` (default: the reward's),
-        cached per baseline version."""
+        cached per baseline version: the ``promotion/baseline_hard_train_*`` metrics. Not the
+        reward's baseline, which is scored on Q_R as the students are (``step``)."""
         metric, cache = metric or self.cfg.inner.reward_metric, self.state.baseline_scores
         if metric not in cache:
             cache[metric] = self.scores(self.hard.train, self.state.baseline_version, metric)
@@ -146,7 +147,12 @@ class Loop:
                                        derive_seed(cfg.seed, "reward_questions", t))
         qr = [self.hard.train[i] for i in qr_idx]
         with phase("baseline_eval", t, times):
-            base_acc = float(np.mean([self.baseline_scores()[i] for i in qr_idx]))
+            # Q_R alone, as each student scores it: batched greedy decoding (bf16 above all) and batched
+            # log-probs depend on what shares a batch, so an unchanged student gets R = 0 exactly only if
+            # the baseline is scored in the same layout (not a slice of a hard-train pass). Students whose
+            # Q_R goes out in one joint vLLM call (lockstep) share no layout with anyone: vLLM is not
+            # batch-invariant.
+            base_acc = float(np.mean(self.scores(qr, f"qr{t}", cfg.inner.reward_metric)))
         with phase("rewards", t, times):  # 3. R_{k,j}
             results = [self.reward_fn(ds, self.baseline, qr, base_acc, t, gi, st.inner_steps, bar)
                        for gi, ds in enumerate(datasets_GK)]

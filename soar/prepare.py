@@ -12,9 +12,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from soar.config import ConfigError
-from soar.data import Problem, load_problem_records, load_problems, render_prompt, write_jsonl
-from soar.filters.failk import filter_to_hard_set, read_manifest_rows, split_hard
+from soar.data import DataError, Problem, load_problem_records, load_problems, render_prompt, write_jsonl
+from soar.filters.failk import (
+    UNRECORDED_SPLIT_SEED,
+    filter_to_hard_set,
+    manifest_split_seed,
+    read_manifest_rows,
+    split_hard,
+)
 from soar.stage import Stage, resolve_model_path  # noqa: F401  (resolve_model_path: re-exported)
 from soar.worlds.base import resolve_hook
 
@@ -42,17 +50,20 @@ def setup_train(cfg, stage: Stage) -> HardSet:
 
 
 def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> HardSet:
-    if cfg.loop.hard_set:
+    folder = run_path / "hard_set"
+    if cfg.loop.hard_set and has_hard_split(folder):  # resumed: the split the run started with
+        train, test = read_hard_split(cfg, folder)
+        source = str(cfg.loop.hard_set)
+    elif cfg.loop.hard_set:
         train, test, source = given_hard_set(cfg, run_path)
     else:
-        folder = run_path / "hard_set"
         folder.mkdir(parents=True, exist_ok=True)
         if not (folder / "summary.json").exists():
             path = cfg.data.path
             if not path:
                 path = resolve_hook(cfg, "data.build")(cfg, run_path / "problems")
             filter_to_hard_set(cfg, load_problems(cfg.data, str(path)), model, tokenizer, folder, progress)
-        train, test = (load_problem_records(cfg.data, folder / f"hard_{s}.jsonl") for s in ("train", "test"))
+        train, test = read_hard_split(cfg, folder)
         source = str(folder)
     if cfg.inner.reward_questions > len(train):
         raise ConfigError(f"config error: inner.reward_questions: M={cfg.inner.reward_questions} is larger than the "
@@ -61,31 +72,47 @@ def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> Ha
     return HardSet(train, test, source)
 
 
-def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], list[Problem], str]:
-    """``loop.hard_set`` as (train, test, source): a folder with ``hard_{train,test}.jsonl``; a fail@k
-    manifest (a ``manifest.jsonl`` or a folder with only one), whose 0-pass ids are taken from
-    ``data``; or a JSONL of problems with or without a ``split`` column. Without given splits the
-    ids are split like ``soar-filter`` does; that split is written to ``<run>/hard_set`` for the record."""
-    given = Path(cfg.loop.hard_set).expanduser()
-    files = {s: given / f"hard_{s}.jsonl" for s in ("train", "test")}
-    if given.is_dir() and all(f.exists() for f in files.values()):
-        train, test = (load_problem_records(cfg.data, files[s]) for s in ("train", "test"))
-        return train, test, str(given)
+def has_hard_split(folder: Path) -> bool:
+    return all((folder / f"hard_{s}.jsonl").is_file() for s in ("train", "test"))
+
+
+def read_hard_split(cfg, folder: Path) -> tuple[list[Problem], list[Problem]]:
+    """(train, test) of a folder holding ``hard_train.jsonl`` and ``hard_test.jsonl``."""
+    return tuple(load_problem_records(cfg.data, folder / f"hard_{s}.jsonl") for s in ("train", "test"))
+
+
+def given_hard_set(cfg, run_path: Path | None = None,
+                   field: str = "loop.hard_set") -> tuple[list[Problem], list[Problem], str]:
+    """The hard set at ``field`` (``loop.hard_set``, or ``eval.hard_set``) as (train, test, source): a
+    folder with ``hard_{train,test}.jsonl``; a fail@k manifest (a ``manifest.jsonl`` or a folder with
+    only one), whose 0-pass ids are taken from ``data``; or a JSONL of problems with or without a
+    ``split`` column. The split is the hard set's, whatever the run's seed: the folder's files, the
+    ``split`` column, else ``split_hard`` from the manifest's recorded seed (``manifest_split_seed``:
+    the split ``soar-filter`` writes for it) or, recording none, ``UNRECORDED_SPLIT_SEED``. A derived
+    split is written to ``<run>/hard_set`` for the record (and a resumed run reads it from there)."""
+    given = Path(OmegaConf.select(cfg, field)).expanduser()
+    if given.is_dir() and has_hard_split(given):
+        return *read_hard_split(cfg, given), str(given)
     if given.is_dir() and (given / "manifest.jsonl").exists():
         given = given / "manifest.jsonl"
     if not given.is_file():
-        raise ConfigError(f"config error: loop.hard_set: {given} holds neither hard_train.jsonl and hard_test.jsonl "
+        raise ConfigError(f"config error: {field}: {given} holds neither hard_train.jsonl and hard_test.jsonl "
                           "nor a manifest.jsonl")
-    manifest = _read_manifest(given)
+    manifest = _read_manifest(given, field)
+    split_seed = UNRECORDED_SPLIT_SEED
     if manifest is not None:
         if not cfg.data.path:
-            raise ConfigError(f"config error: data.path: loop.hard_set={given} is a fail@k manifest; its problems come "
+            raise ConfigError(f"config error: data.path: {field}={given} is a fail@k manifest; its problems come "
                               "from data (e.g. data=math)")
+        try:
+            split_seed = manifest_split_seed(list(manifest.values()), given)
+        except DataError as exc:
+            raise ConfigError(f"config error: {field}: {exc}") from None
         pool = {p.id: p for p in load_problems(cfg.data)}
         hard_ids = [pid for pid, row in manifest.items() if row["passes"] == 0]
         missing = [pid for pid in hard_ids if pid not in pool]
         if missing:
-            raise ConfigError(f"config error: loop.hard_set: {len(missing)} ids of {given} are not in data "
+            raise ConfigError(f"config error: {field}: {len(missing)} ids of {given} are not in data "
                               f"({cfg.data.path}), e.g. {missing[:3]}")
         problems = [pool[pid] for pid in hard_ids]
     else:
@@ -94,11 +121,13 @@ def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], li
     if any(v is not None for v in splits.values()):
         odd = [pid for pid, v in splits.items() if v not in ("train", "test")]
         if odd:
-            raise ConfigError(f"config error: loop.hard_set: {given}: field 'split' of id {odd[0]!r} is "
+            raise ConfigError(f"config error: {field}: {given}: field 'split' of id {odd[0]!r} is "
                               f"{splits[odd[0]]!r} (expected train or test in every row)")
         train_ids, test_ids = ([pid for pid, v in splits.items() if v == s] for s in ("train", "test"))
     else:
-        train_ids, test_ids = split_hard(list(splits), cfg.filter.test_frac, cfg.seed)
+        train_ids, test_ids = split_hard(list(splits), cfg.filter.test_frac, split_seed)
+        log.info("%s: hard split drawn with the hard set's seed %s (filter.test_frac=%s)", given, split_seed,
+                 cfg.filter.test_frac)
     by_id = {p.id: p for p in problems}
     train, test = [by_id[i] for i in train_ids], [by_id[i] for i in test_ids]
     if run_path is not None:
@@ -109,12 +138,12 @@ def given_hard_set(cfg, run_path: Path | None = None) -> tuple[list[Problem], li
     return train, test, str(given)
 
 
-def _read_manifest(path: Path) -> dict[str, dict] | None:
+def _read_manifest(path: Path, field: str) -> dict[str, dict] | None:
     """A fail@k manifest's rows by id (a cut last line is ignored), or None if ``path`` is not one."""
     try:
         rows, _ = read_manifest_rows(path)
     except ValueError as exc:
-        raise ConfigError(f"config error: loop.hard_set: {exc}") from None
+        raise ConfigError(f"config error: {field}: {exc}") from None
     if not all(isinstance(row, dict) and {"id", "passes", "outcomes"} <= row.keys() for row in rows):
         return None
     return {str(row["id"]): row for row in rows}

@@ -184,7 +184,7 @@ def plot_evals(evals: list[dict], agg: dict, out: Path) -> list[str]:
     for label, entry in agg["table"].items():
         ks = [k for k in entry["metrics"] if "@" in k]
         x = [int(k.split("@")[1]) for k in ks]
-        ax.errorbar(x, [entry["metrics"][k]["mean"] for k in ks], yerr=[entry["metrics"][k]["sd"] for k in ks],
+        ax.errorbar(x, [entry["metrics"][k]["mean"] for k in ks], yerr=[entry["metrics"][k]["sd"] or 0.0 for k in ks],
                     marker="o", capsize=3, label=f"{label} (n={entry['seeds']})")
     ks_all = sorted({int(k.split("@")[1]) for e in agg["table"].values() for k in e["metrics"] if "@" in k})
     ax.set(xscale="log", xlabel="k", ylabel="pass@k on hard-test", title="pass@k (slope-rule window; mean ± SD)")

