@@ -42,6 +42,7 @@ from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
 from soar.state import LoopState, save_model_atomic
+from soar.students.batched import BatchedStudents
 from soar.students.promotion import PromotionPolicy, median_replicate
 from soar.students.trainer import SyncError, problem_scores
 from soar.teachers.rewards import as_problems, make_teacher_reward
@@ -115,9 +116,14 @@ class Loop:
 
     # ---- helpers ------------------------------------------------------------------------------
     def scores(self, problems, seed_label, metric: str) -> list[float]:
-        """The baseline's score per problem in ``metric`` (``soar.students.trainer.problem_scores``)."""
+        """The baseline's score per problem in ``metric`` (``soar.students.trainer.problem_scores``), in the
+        layout the students are scored in (the stacked students' own, when they are stacked)."""
+        seed = derive_seed(self.cfg.seed, "baseline_eval", seed_label)
+        students = getattr(self.reward_fn, "students", None)
+        if isinstance(students, BatchedStudents):
+            return students.score(self.baseline, problems, metric, seed)
         return problem_scores(metric, self.baseline, self.tokenizer, self.eval_gen, self.grader, problems, self.template,
-                              self.cfg.student, self.cfg.inner, derive_seed(self.cfg.seed, "baseline_eval", seed_label))
+                              self.cfg.student, self.cfg.inner, seed)
 
     def baseline_scores(self, metric: str | None = None) -> list[float]:
         """The baseline's score on every hard-train problem in ``metric`` (default: the reward's),

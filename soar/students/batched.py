@@ -182,7 +182,8 @@ class BatchedStudents:
                     "time/train_s": (t_end - t0 - r["sample_s"] - r["grade_s"]) * share,
                     "time/forward_backward_s": (t_backward - t0 - r["sample_s"] - r["grade_s"]) * share,
                     "time/optimizer_s": (t_end - t_backward) * share})
-        scores = self._score(stack, seeds, reward_questions)
+        scores = self._score(stack, [derive_seed(seed, "eval") for seed in seeds], reward_questions,
+                             self.cfg.inner.reward_metric, stop_token_ids(self.tokenizer, baseline))
         results = []
         for s, task in enumerate(tasks):
             results.append(StudentResult({"qr": scores[s]}, {"qr": float(np.mean(scores[s]))}, histories[s],
@@ -292,15 +293,21 @@ class BatchedStudents:
                 p.grad = None
         return norms
 
-    def _score(self, stack, seeds, problems) -> list[list[float]]:
-        """Each student's score per Q_R problem in ``inner.reward_metric`` (``problem_scores``'s units)."""
+    def score(self, model, problems, metric: str, seed: int) -> list[float]:
+        """``model``'s score per problem in ``metric`` (``problem_scores``'s units, seeded ``seed`` when
+        sampled) in the stacked students' layout: a one-copy stack computes exactly what each copy of a
+        larger one does, so a student that did not move scores exactly as its baseline."""
+        return self._score(StackedLlama(model, 1), [seed], problems, metric, stop_token_ids(self.tokenizer, model))[0]
+
+    def _score(self, stack, eval_seeds, problems, metric: str, stop_ids) -> list[list[float]]:
+        """Each copy's score per problem in ``metric`` (``problem_scores``'s units; sampled accuracy drawn
+        with ``eval_seeds``)."""
         cfg, scfg, S = self.cfg, self.cfg.student, stack.copies
         device = next(iter(stack.params.values())).device
         prompts = encode_prompts(self.tokenizer, [render_prompt(self.template, p.question) for p in problems])
         prompt_ids, prompt_mask = pad_left(prompts, self.tokenizer.pad_token_id)
         prompt_ids = prompt_ids[None].expand(S, -1, -1).to(device)
         prompt_mask = prompt_mask[None].expand(S, -1, -1).to(device)
-        metric = cfg.inner.reward_metric
         with torch.no_grad():
             if metric in GOLD_METRICS:
                 gold, mask = pad_right(gold_completion_ids(self.tokenizer, problems, cfg.inner.gold_completion),
@@ -313,8 +320,7 @@ class BatchedStudents:
             samples, max_tokens = cfg.inner.accuracy_samples, scfg.eval_max_tokens or scfg.max_tokens
             n = max(samples, 1)
             uniforms = None if samples == 0 else torch.stack(
-                [sampling_uniforms(derive_seed(seed, "eval"), len(problems) * n, max_tokens) for seed in seeds]).to(device)
-            stop_ids = stop_token_ids(self.tokenizer, self.baseline)
+                [sampling_uniforms(seed, len(problems) * n, max_tokens) for seed in eval_seeds]).to(device)
             tokens = stack.sample(stack.params, prompt_ids, prompt_mask, n, max_tokens, stop_ids, uniforms).tolist()
         params = SamplingParams(n=n, greedy=samples == 0, max_tokens=max_tokens, stop=tuple(scfg.stop))
         return [grade_correctness(self.grader, problems,
