@@ -73,7 +73,8 @@ def test_micro_batch_1_equals_8(loss_norm):
         ref = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=2)
         cfg = SimpleNamespace(lora=SimpleNamespace(r=0), lr=1e-3, adam_betas=[0.9, 0.999], weight_decay=0.0,
                               warmup_steps=0, max_steps=1, min_lr_ratio=0.0, micro_batch_size=micro,
-                              loss_norm=loss_norm, kl_coef=0.01, max_grad_norm=None, temperature=1.0)
+                              loss_norm=loss_norm, kl_coef=0.01, max_grad_norm=None, temperature=1.0,
+                              precision="mixed")
         trainer = RLOOTrainer(model, tok, grader=None, student_cfg=cfg, prompt_template="{question}", seed=0, ref_model=ref)
         prompts = [tok(f"Q{i}:", add_special_tokens=False).input_ids for i in range(8)]
         comps = [tok("x" * (i + 1), add_special_tokens=False).input_ids for i in range(8)]
