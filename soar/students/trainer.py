@@ -405,13 +405,14 @@ def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_tem
                   rollout_generator=None, eval_generator=None, metric: str = "accuracy",
                   gold_completion: str = "") -> StudentResult:
     """One inner loop: a copy of ``baseline`` trained ``max_steps`` RLOO steps on ``problems``
-    (fresh optimiser, KL to the baseline), then scored on each of ``eval_sets`` by ``metric``
-    (accuracy: greedy, or ``eval_samples`` samples per question; or a ``GOLD_METRICS`` score).
+    (fresh optimiser, KL to the baseline itself, which serves as the frozen reference), then scored
+    on each of ``eval_sets`` by ``metric`` (accuracy: greedy, or ``eval_samples`` samples per
+    question; or a ``GOLD_METRICS`` score).
     Generators default to HF on the student's weights."""
     import copy
 
-    model = copy.deepcopy(baseline)
-    ref = copy.deepcopy(baseline) if student_cfg.lora.r == 0 and student_cfg.kl_coef > 0 else None
+    model = copy.deepcopy(baseline).requires_grad_(True)  # the baseline is frozen as a reference below
+    ref = baseline if student_cfg.lora.r == 0 and student_cfg.kl_coef > 0 else None  # read only: no copy
     trainer = RLOOTrainer(model, tokenizer, grader, student_cfg, prompt_template, seed, ref_model=ref,
                           batch_size=batch_size, generator=rollout_generator)
     history = []
