@@ -74,7 +74,7 @@ def test_micro_batch_1_equals_8(loss_norm):
         cfg = SimpleNamespace(lora=SimpleNamespace(r=0), lr=1e-3, adam_betas=[0.9, 0.999], weight_decay=0.0,
                               warmup_steps=0, max_steps=1, min_lr_ratio=0.0, micro_batch_size=micro,
                               loss_norm=loss_norm, kl_coef=0.01, max_grad_norm=None, temperature=1.0,
-                              precision="mixed")
+                              precision="mixed", gradient_checkpointing=False)
         trainer = RLOOTrainer(model, tok, grader=None, student_cfg=cfg, prompt_template="{question}", seed=0, ref_model=ref)
         prompts = [tok(f"Q{i}:", add_special_tokens=False).input_ids for i in range(8)]
         comps = [tok("x" * (i + 1), add_special_tokens=False).input_ids for i in range(8)]
@@ -197,3 +197,28 @@ def test_chunked_logprobs_bound_peak_memory_at_llama3_vocabulary():
     one_copy_mb = 2 * 512 * 128256 * 4 / 2**20
     assert chunked_mb < 150, (chunked_mb, full_mb)
     assert full_mb > one_copy_mb, (chunked_mb, full_mb)  # the measurement sees what it bounds
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    """``gradient_checkpointing`` recomputes activations in backward: the same loss gradient (full FT
+    and LoRA), less memory (``soar.memory_plan``)."""
+    from soar.config import LoraConfig, StudentConfig
+    from soar.models import build_char_tokenizer, build_tiny_llama
+    from soar.students.trainer import RLOOTrainer
+
+    tok = build_char_tokenizer()
+    prompts = [tok(f"Q{i}:", add_special_tokens=False).input_ids for i in range(4)]
+    comps = [tok("xy" * (i + 1), add_special_tokens=False).input_ids for i in range(4)]
+    for lora in (LoraConfig(), LoraConfig(r=4, target_modules=["q_proj", "down_proj"])):
+        grads = []
+        for checkpointing in (False, True):
+            model = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=1)
+            ref = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=1) if lora.r == 0 else None
+            cfg = StudentConfig(micro_batch_size=2, kl_coef=0.01, gradient_checkpointing=checkpointing, lora=lora)
+            trainer = RLOOTrainer(model, tok, None, cfg, "{question}", 0, ref_model=ref)
+            assert trainer.model.is_gradient_checkpointing == checkpointing
+            trainer.accumulate_gradients(prompts, comps, torch.linspace(-1, 1, 4))
+            grads.append({n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None})
+        assert grads[0].keys() == grads[1].keys() and grads[0]
+        for name, g in grads[0].items():
+            assert torch.allclose(g, grads[1][name], rtol=1e-5, atol=1e-7), name

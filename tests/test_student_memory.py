@@ -93,10 +93,13 @@ def test_in_process_students_keep_only_promotion_candidates(tiny_model_dir):
     assert (decision.dataset, decision.replicate) in kept
 
 
-def test_lockstep_lora_students_share_one_base_and_train_as_deep_copies(tiny_model_dir):
+def test_lockstep_lora_students_share_one_base_and_train_as_deep_copies(tiny_model_dir, monkeypatch):
     """Lockstep LoRA students (hf backend) hold one base between them: the distinct weight storage of
-    4 students is the base once plus 4 adapters; and they end exactly where one-by-one students
-    (deep copies of the baseline) end: same rewards, scores and adapter weights."""
+    3 students is the base once plus 3 adapters; and they end exactly where one-by-one students on
+    deep copies of the baseline (as before ``sharing_copy``) end: same rewards, scores and adapters."""
+    import copy
+
+    import soar.students.trainer
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
     from soar.students.lockstep import LockstepStudents
@@ -108,9 +111,9 @@ def test_lockstep_lora_students_share_one_base_and_train_as_deep_copies(tiny_mod
     cfg = soar.compose(over + ["resources.lockstep=true"])
     tok, base = load_tokenizer(cfg.model), load_model(cfg.model)
     grader = make_grader("integer")
-    tasks = [StudentTask(0, 0, k, j, tuple(generate_problems(3, 1 + k, 8, seed=20 + k, prefix=f"d{k}")), 2)
-             for k in range(2) for j in range(2)]
-    qr = generate_problems(3, 2, 8, seed=30, prefix="qr")
+    tasks = [StudentTask(0, 0, k, 0, tuple(generate_problems(3, 1 + k, 8, seed=20 + k, prefix=f"d{k}")), 2)
+             for k in range(3)]
+    qr = generate_problems(3, 2, 4, seed=30, prefix="qr")
     together = LockstepStudents(cfg, tok, grader, cfg.data.prompt_template).run(tasks, base, qr)
     trainers = [res.trainer for res in together]
     base_ptrs = {p.data_ptr() for p in base.parameters()}
@@ -121,8 +124,9 @@ def test_lockstep_lora_students_share_one_base_and_train_as_deep_copies(tiny_mod
     buffers = sum(b.numel() * b.element_size() for b in base.buffers())
     held = sum(storages.values())
     assert held <= base_bytes + buffers + len(tasks) * adapter, \
-        f"4 students hold {held / 2**20:.2f} MB of weights; the base is {base_bytes / 2**20:.2f} MB"
+        f"{len(tasks)} students hold {held / 2**20:.2f} MB of weights; the base is {base_bytes / 2**20:.2f} MB"
     assert base_ptrs <= storages.keys()  # every student reads the baseline's own tensors
+    monkeypatch.setattr(soar.students.trainer, "sharing_copy", copy.deepcopy)
     alone = InProcessStudents(StudentRunner(soar.compose(over), tok, grader, cfg.data.prompt_template)).run(tasks, base, qr)
     for a, b in zip(together, alone):
         assert [h["student/reward_mean"] for h in a.history] == [h["student/reward_mean"] for h in b.history]

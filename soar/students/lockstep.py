@@ -16,7 +16,6 @@ runs with one ``generate`` per student.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 import time
@@ -34,20 +33,11 @@ from soar.students.trainer import (
     correctness_request,
     gold_scores,
     grade_correctness,
+    sharing_copy,
 )
 
 _BASELINES = itertools.count()
 
-
-def sharing_copy(baseline):
-    """A copy of ``baseline``'s modules holding the *same* weight tensors (parameters and buffers),
-    for a LoRA student: peft wraps the copy's layers with the student's adapter and freezes the shared
-    base, so g*r students hold one base between them plus an adapter each, instead of a deep copy
-    each (~6.4 GB per student at 3B in bf16). Only adapters train (validation requires
-    ``student.lora.r`` > 0); a student is exported by merging into a deep copy (``export_policy``),
-    never into the shared base. The baseline's parameters are left frozen (requires_grad False)."""
-    memo = {id(t): t for t in itertools.chain(baseline.parameters(), baseline.buffers())}
-    return copy.deepcopy(baseline, memo)
 
 
 class LockstepStudents:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from soar.config import LOGITS_CHUNK_ELEMENTS
+
 
 def rloo_advantages(rewards_QG: torch.Tensor) -> torch.Tensor:
     """A_i = R_i - mean_{j != i} R_j within each row (a question's group, or a teacher's g sets)."""
@@ -23,10 +25,6 @@ def k3_kl(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor) -> torch.Tensor:
     delta = ref_logp_BT - logp_BT
     return torch.exp(delta) - delta - 1.0
 
-
-LOGITS_CHUNK_ELEMENTS = 2**25
-"""Most vocabulary logits ``token_logprobs`` holds at once: 2^25 fp32 values (128 MiB), 32 positions of
-an 8-sequence micro-batch at Llama-3's 128,256 tokens (full logits at 64 x 1152 positions: ~38 GB)."""
 
 CHUNKED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """``config.model_type``s whose logits are exactly ``get_output_embeddings()(decoder output)`` (no
@@ -59,7 +57,8 @@ def token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.T
     if parts is None:
         return full_token_logprobs(model, input_ids_BT, attention_mask_BT, temperature, raw)
     decoder, head = parts
-    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state[:, :-1]
+    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
+                         use_cache=False).last_hidden_state[:, :-1]
     targets_BT = input_ids_BT[:, 1:]
     batch, width = targets_BT.shape
     step = max(1, chunk_elements // max(batch * head.weight.shape[0], 1))
@@ -95,7 +94,7 @@ def full_token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: to
                         raw: bool = False):
     """``token_logprobs`` from the model's full (B, T, V) logits: for models whose logits are more than
     the head over the decoder's output, and the reference the chunked path is tested against."""
-    logits = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).logits[:, :-1].float()
+    logits = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).logits[:, :-1].float()
     logp, raw_logp = _gathered_logprobs(logits, input_ids_BT[:, 1:, None], temperature, raw)
     return (logp, raw_logp.detach()) if raw else logp
 

@@ -10,7 +10,9 @@ RLOO advantages within each group, policy gradient + k3 KL to the reference, Ada
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import itertools
 import json
 import logging
 import time
@@ -162,6 +164,8 @@ class RLOOTrainer:
             ref_model = None  # the reference is the same weights with the adapter disabled
         elif ref_model is not None:
             ref_model.eval().requires_grad_(False)
+        if student_cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model, self.ref_model = model, ref_model
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -400,6 +404,17 @@ class StudentResult:
     """Where it ran: ``pid``, ``node_id``, ``worker`` (pool slot; None in-process), ``attempts``."""
 
 
+def sharing_copy(baseline):
+    """A copy of ``baseline``'s modules holding the *same* weight tensors (parameters and buffers),
+    for a LoRA student: peft wraps the copy's layers with the student's adapter and freezes the shared
+    base, so the g*r students of a step (and those kept until the promotion decision) hold one base
+    between them plus an adapter each, instead of a deep copy each (~6.4 GB per student at 3B in
+    bf16). Only adapters may train on it; a student is exported by merging into a deep copy
+    (``export_policy``), never into the shared base. The baseline's parameters are left frozen."""
+    memo = {id(t): t for t in itertools.chain(baseline.parameters(), baseline.buffers())}
+    return copy.deepcopy(baseline, memo)
+
+
 def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_template: str, seed: int,
                   eval_sets: dict | None = None, eval_samples: int = 0, batch_size: int = 256,
                   rollout_generator=None, eval_generator=None, metric: str = "accuracy",
@@ -409,9 +424,10 @@ def train_student(baseline, tokenizer, grader, problems, student_cfg, prompt_tem
     on each of ``eval_sets`` by ``metric`` (accuracy: greedy, or ``eval_samples`` samples per
     question; or a ``GOLD_METRICS`` score).
     Generators default to HF on the student's weights."""
-    import copy
-
-    model = copy.deepcopy(baseline).requires_grad_(True)  # the baseline is frozen as a reference below
+    if student_cfg.lora.r > 0:
+        model = sharing_copy(baseline)
+    else:
+        model = copy.deepcopy(baseline).requires_grad_(True)  # the baseline is frozen as a reference below
     ref = baseline if student_cfg.lora.r == 0 and student_cfg.kl_coef > 0 else None  # read only: no copy
     trainer = RLOOTrainer(model, tokenizer, grader, student_cfg, prompt_template, seed, ref_model=ref,
                           batch_size=batch_size, generator=rollout_generator)
