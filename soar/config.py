@@ -60,10 +60,13 @@ class LoraConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names that receive adapters (Llama naming)."""
-    autocast_adapter_dtype: bool = True
-    """peft's ``autocast_adapter_dtype``: keep bf16/fp16 models' adapter weights in float32 (peft's
-    default). False keeps them in the model's dtype: a suspect of LoRA's slowness on GPUs
-    (docs/paper_rehearsal.md; try it with ``benchmarks/gpu_check.py --lora-variants``)."""
+    autocast_adapter_dtype: bool = False
+    """peft's ``autocast_adapter_dtype``. False: adapter weights in the model's dtype (bf16 on a GPU),
+    trained through fp32 master copies under ``precision=mixed``: they pass the fp32-equivalence test
+    as closely as fp32 adapters do (``tests/test_precision.py``), and keep no fp32 copy of each adapted
+    layer's input for backward (fp32 adapters: +66 % of LoRA's activations, measured on CPU;
+    ``soar.memory_plan``). True: peft's default, fp32 adapters on a bf16/fp16 model. An fp32 model
+    (CPU runs) is the same either way."""
 
 
 @dataclass

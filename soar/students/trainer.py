@@ -160,7 +160,7 @@ class RLOOTrainer:
             model = get_peft_model(model, LoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                 target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
-                autocast_adapter_dtype=getattr(lora, "autocast_adapter_dtype", True))
+                autocast_adapter_dtype=lora.autocast_adapter_dtype)
             ref_model = None  # the reference is the same weights with the adapter disabled
         elif ref_model is not None:
             ref_model.eval().requires_grad_(False)
