@@ -99,11 +99,11 @@ def student_config(args, lora: str | None, precision: str = "mixed", checkpointi
 def planned_step_gib(args, cfg) -> float:
     """The memory plan's peak of one inner step: the policy and (full FT) a reference copy, the
     optimiser's held terms, then the update's gradients, activations and log-prob chunk."""
-    from soar.memory_plan import DTYPE_BYTES, model_shape, policy_terms, update_terms
+    from soar.memory_plan import DTYPE_BYTES, adapter_bytes, model_shape, policy_terms, update_terms
 
     shape, e = model_shape(llama_config(args)), DTYPE_BYTES[args.dtype]
     seq = args.prompt_len + args.completion_len
-    weights = shape.params * e * (2 if cfg.lora.r == 0 else 1)
+    weights = shape.params * e * (2 if cfg.lora.r == 0 else 1) + adapter_bytes(shape, cfg, e)
     held, grads = policy_terms(shape, cfg, e, "student")
     return (weights + sum(t.bytes for t in held + grads + update_terms(shape, cfg, e, "student", seq))) / GIB
 

@@ -36,14 +36,11 @@ saves on CPU (``tests/test_memory_plan.py``); GPU kernels may differ. **Not meas
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from soar.config import LOGITS_CHUNK_ELEMENTS, ConfigError, resolve_backend
-
-log = logging.getLogger("soar.memory_plan")
 
 GIB = 2**30
 PROMPT_TOKENS = 512
@@ -93,7 +90,7 @@ class ModelShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * e
 
 
-def model_shape(source) -> ModelShape:
+def model_shape(source, trust_remote_code: bool = False) -> ModelShape:
     """The shape of ``source``: a ``transformers`` config, or a model folder / hub id (its
     ``config.json``; a hub id needs the hub or its cache), built on the ``meta`` device."""
     import torch
@@ -101,14 +98,14 @@ def model_shape(source) -> ModelShape:
 
     if isinstance(source, (str, Path)):
         try:
-            config = AutoConfig.from_pretrained(str(source))
+            config = AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"config error: model.path: the memory plan needs the model's config.json and cannot read "
                               f"it from {source} ({' '.join(str(exc).split())[:300]}); set model.path to a local copy")
     else:
         config = source
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     layer = model.get_decoder().layers[0]
     linears = {name.rsplit(".", 1)[-1]: (m.in_features, m.out_features) for name, m in layer.named_modules()
                if isinstance(m, torch.nn.Linear)}
@@ -236,9 +233,14 @@ def policy_terms(shape: ModelShape, p, e: int, role: str) -> tuple[list[Term], l
     else:
         held = [Term(f"{role} AdamW moments", 2 * t * trainable, fields)]
         grads = [Term(f"{role} gradients", t * trainable, fields)]
-    if p.lora.r > 0 and t != e:
-        held.append(Term(f"{role} LoRA adapters ({t}-byte)", t * trainable, (f"{role}.lora.autocast_adapter_dtype",)))
     return held, grads
+
+
+def adapter_bytes(shape: ModelShape, p, e: int) -> int:
+    """A LoRA policy's adapter weights (fp32 with ``lora.autocast_adapter_dtype``); 0 for full FT."""
+    if p.lora.r == 0:
+        return 0
+    return shape.adapter_params(p.lora.r, p.lora.target_modules) * (4 if p.lora.autocast_adapter_dtype else e)
 
 
 def update_terms(shape: ModelShape, p, e: int, role: str, seq: int) -> list[Term]:
@@ -275,7 +277,7 @@ def _uses_vllm(cfg, roles) -> bool:
 def plan(cfg, shape: ModelShape | None = None, prompt_tokens: int = PROMPT_TOKENS,
          capacity_gib: float | None = None) -> list[RolePlan]:
     """Each GPU role's plan (the driver's; a student worker's when workers have GPUs)."""
-    shape = shape or model_shape(cfg.model.path)
+    shape = shape or model_shape(cfg.model.path, cfg.model.trust_remote_code)
     capacity_gib = capacity_gib or gpu_capacity_gib(cfg)
     e = DTYPE_BYTES[cfg.model.dtype]
     weights = shape.params * e
@@ -287,8 +289,7 @@ def plan(cfg, shape: ModelShape | None = None, prompt_tokens: int = PROMPT_TOKEN
 
     # ---- the driver -----------------------------------------------------------------------------
     held = [Term("baseline student (also the students' KL reference)", weights, ()),
-            Term("teacher policy", weights + (shape.adapter_params(t.lora.r, t.lora.target_modules) * e if t.lora.r else 0),
-                 ("teacher.lora.r",))]
+            Term("teacher policy", weights + adapter_bytes(shape, t, e), ("teacher.lora.r",))]
     if t.lora.r == 0 and t.kl_coef > 0:
         held.append(Term("teacher reference copy", weights, ("teacher.kl_coef", "teacher.lora.r")))
     teacher_held, teacher_grads = policy_terms(shape, t, e, "teacher")
@@ -334,8 +335,7 @@ def _student_phases(cfg, shape: ModelShape, e: int, weights: int, seq: int, kept
     together) next to ``kept`` trained students that await the promotion decision."""
     s, t = cfg.student, cfg.teacher
     lora = s.lora.r > 0
-    adapter = shape.adapter_params(s.lora.r, s.lora.target_modules) * (4 if s.lora.autocast_adapter_dtype else e)
-    policy = adapter if lora else weights  # LoRA students share the baseline (soar.students.trainer.sharing_copy)
+    policy = adapter_bytes(shape, s, e) if lora else weights  # LoRA students share the baseline (sharing_copy)
     student_held, grads = policy_terms(shape, s, e, "student")
     n_live = t.datasets * cfg.inner.replicates * t.groups_per_step if lockstep else 1
     live = [Term(f"{where}student{'s' if n_live > 1 else ''} in training ({n_live}, policy{'' if lora else ' copy'})",

@@ -39,7 +39,6 @@ from soar.students.trainer import (
 _BASELINES = itertools.count()
 
 
-
 class LockstepStudents:
     """A student executor (see ``soar.students.pool.make_students``) that batches generation across students."""
 
