@@ -36,6 +36,8 @@ LAYOUT_4X8_H100 = ["backend=hf", "resources.num_workers=16", "resources.gpus_per
 """docs/paper_setting.md's 4 x 8 H100 layout: the driver and 16 student workers, a GPU each."""
 LAYOUT_1X8_H200 = [*LAYOUT_4X8_H100[:1], "resources.num_workers=7", *LAYOUT_4X8_H100[2:-1], "resources.gpu_memory_gb=139"]
 """docs/paper_setting.md's 1 x 8 H200 layout: the driver and 7 student workers (3 students each)."""
+LAYOUT_1X8_H100_LORA = [*LAYOUT_1X8_H200[:-1], "resources.gpu_memory_gb=79", "student.lora.r=16"]
+"""docs/paper_setting.md's 1 x 8 H100 layout with LoRA r = 16 students (adapters on the shared baseline)."""
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,8 @@ def test_refuses_paper_math_as_it_stands(shape):
     assert driver.needs_gib > 300 and not driver.fits
 
 
-@pytest.mark.parametrize("layout", [LAYOUT_4X8_H100, LAYOUT_1X8_H200], ids=["4x8_h100", "1x8_h200"])
+@pytest.mark.parametrize("layout", [LAYOUT_4X8_H100, LAYOUT_1X8_H200, LAYOUT_1X8_H100_LORA],
+                         ids=["4x8_h100", "1x8_h200", "1x8_h100_lora"])
 def test_accepts_the_documented_layouts(shape, layout):
     roles = check_plan(paper(*layout), shape)
     assert [r.name for r in roles] == ["driver", "student worker"] and all(r.fits for r in roles)
