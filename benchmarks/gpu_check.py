@@ -92,7 +92,7 @@ def student_config(args, lora: str | None, precision: str = "mixed", checkpointi
     return StudentConfig(questions_per_step=args.questions, group_size=args.group, lr=1e-5 if not lora else 1e-4,
                          kl_coef=0.001, max_steps=args.steps + 1, micro_batch_size=args.micro_batch, max_grad_norm=1.0,
                          skip_zero_adv=False, precision=precision, gradient_checkpointing=checkpointing,
-                         lora=LoraConfig(r=r, alpha=2 * max(r, 1), target_modules=TARGETS,
+                         lora=LoraConfig(r=r, alpha=2 * max(r, 1), target_modules=args.lora_targets.split(","),
                                          autocast_adapter_dtype=lora == "fp32"))
 
 
@@ -293,6 +293,8 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2, help="measured steps after one warm-up step")
     ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--lora-targets", default=",".join(TARGETS), help="modules with adapters (e.g. attention only: "
+                    "q_proj,k_proj,v_proj,o_proj)")
     ap.add_argument("--gen-batch", type=int, default=256)
     ap.add_argument("--gen-tokens", type=int, default=1024)
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
