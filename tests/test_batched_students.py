@@ -178,8 +178,8 @@ def test_stacked_students_are_the_students_trained_one_by_one(micro, overrides):
 
 
 def test_the_run_says_where_its_students_train(tiny_model_dir):
-    """The arith presets stack their students; a Ray pool or lockstep takes precedence, and LoRA students
-    train one by one (stacked students are full fine-tuning only)."""
+    """The arith presets stack their students; a Ray pool or lockstep takes precedence, and LoRA or bf16
+    students train one by one (stacked students are float32 full fine-tuning only)."""
     import soar
     from soar.students.pool import student_executor
 
@@ -187,8 +187,8 @@ def test_the_run_says_where_its_students_train(tiny_model_dir):
         return student_executor(soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", *extra]))
 
     assert (where(), where("resources.num_workers=1"), where("student.lora.r=8", "resources.lockstep=true"),
-            where("student.lora.r=8"), where("resources.batched=false")) == \
-        ("batched", "pool", "lockstep", "in_process", "in_process")
+            where("student.lora.r=8"), where("model.dtype=bfloat16"), where("resources.batched=false")) == \
+        ("batched", "pool", "lockstep", "in_process", "in_process", "in_process")
     assert soar.compose(["experiment=arith"]).resources.batched
 
 

@@ -100,7 +100,9 @@ def test_only_the_fetched_student_travels_and_matches_in_process(two_workers, in
     from soar.generation import SamplingParams
 
     reward, res = two_workers
-    remote, local = res.students_KR[1][0].trainer, in_process.students_KR[1][0].trainer
+    # in process, only promotion candidates keep their policy (soar.students.pool.drop_unpromotable)
+    k, j = next((k, j) for k, row in enumerate(in_process.students_KR) for j, s in enumerate(row) if s.trainer)
+    remote, local = res.students_KR[k][j].trainer, in_process.students_KR[k][j].trainer
     prompts = ["<question>123+456</question><answer>", "<question>999+1</question><answer>"]
     params = SamplingParams(greedy=True, max_tokens=16)
     assert [o[0].text for o in remote.sampler().generate(prompts, params)] == \

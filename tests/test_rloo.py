@@ -73,7 +73,8 @@ def test_micro_batch_1_equals_8(loss_norm):
         ref = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=2)
         cfg = SimpleNamespace(lora=SimpleNamespace(r=0), lr=1e-3, adam_betas=[0.9, 0.999], weight_decay=0.0,
                               warmup_steps=0, max_steps=1, min_lr_ratio=0.0, micro_batch_size=micro,
-                              loss_norm=loss_norm, kl_coef=0.01, max_grad_norm=None, temperature=1.0)
+                              loss_norm=loss_norm, kl_coef=0.01, max_grad_norm=None, temperature=1.0,
+                              precision="mixed", gradient_checkpointing=False)
         trainer = RLOOTrainer(model, tok, grader=None, student_cfg=cfg, prompt_template="{question}", seed=0, ref_model=ref)
         prompts = [tok(f"Q{i}:", add_special_tokens=False).input_ids for i in range(8)]
         comps = [tok("x" * (i + 1), add_special_tokens=False).input_ids for i in range(8)]
@@ -111,3 +112,113 @@ def test_token_logprobs_at_a_temperature_score_the_sampled_policy():
     assert raw[0].tolist() == pytest.approx(token_logprobs(model, ids, torch.ones_like(ids))[0].tolist(), abs=1e-6)
     assert not torch.allclose(tempered, raw)
     assert tempered.requires_grad and not raw.requires_grad
+
+
+def _logprob_grads(model, fn, ids, attn, **kw):
+    model.zero_grad(set_to_none=True)
+    logp, raw = fn(model, ids, attn, raw=True, **kw)
+    weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
+    (logp * weights).sum().backward()
+    return logp.detach(), raw, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "lora"])
+def test_chunked_logprobs_equal_full_logits_values_and_gradients(kind):
+    """``token_logprobs`` goes through the LM head a few positions at a time (recomputed in backward):
+    the same log-probs, T = 1 log-probs and parameter gradients as the full-vocabulary logits."""
+    from peft import LoraConfig, get_peft_model
+
+    from soar.models import build_char_tokenizer, build_tiny_llama
+    from soar.students.rloo import decoder_and_head, full_token_logprobs
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=4)
+    if kind == "bf16":
+        model = model.to(torch.bfloat16)
+    if kind == "lora":
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    assert decoder_and_head(model) is not None
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, len(tok), (3, 20), generator=gen)
+    attn = torch.ones_like(ids)
+    attn[2, 15:] = 0  # a padded row
+    full = _logprob_grads(model, full_token_logprobs, ids, attn, temperature=0.7)
+    chunked = _logprob_grads(model, token_logprobs, ids, attn, temperature=0.7, chunk_elements=3 * len(tok) * 4)
+    tol = dict(rtol=1e-2, atol=1e-2) if kind == "bf16" else dict(rtol=1e-5, atol=1e-6)
+    assert torch.allclose(chunked[0], full[0], **tol) and torch.allclose(chunked[1], full[1], **tol)
+    assert full[2].keys() == chunked[2].keys() and len(full[2]) > 0
+    for name, grad in full[2].items():
+        assert torch.allclose(chunked[2][name].float(), grad.float(), **tol), name
+    with torch.no_grad():  # no grad: no checkpointing, same values
+        assert torch.allclose(token_logprobs(model, ids, attn, chunk_elements=len(tok)),
+                              full_token_logprobs(model, ids, attn), **tol)
+
+
+MEMORY_SCRIPT = """
+import resource, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from soar.students.rloo import full_token_logprobs, token_logprobs
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True))
+ids = torch.randint(0, 128256, (2, 513))
+attn = torch.ones_like(ids)
+def peak_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def step(fn, **kw):
+    logp = fn(model, ids, attn, temperature=0.9, **kw)
+    logp.sum().backward()
+    model.zero_grad(set_to_none=True)
+start = peak_mb()  # the chunked pass first: any one-off allocation counts against it
+step(token_logprobs, chunk_elements=2**22)
+chunked = peak_mb()
+step(full_token_logprobs)
+print(chunked - start, peak_mb() - chunked)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_chunked_logprobs_bound_peak_memory_at_llama3_vocabulary():
+    """At Llama-3's vocabulary (128,256) and 2 x 512 positions, one fp32 copy of the full logits is
+    525 MB: the chunked forward/backward (2^22 logits = 16 MB a chunk) grows the peak by under 150 MB
+    (measured: 82 MB, one-off allocations such as the tied embedding's 33 MB gradient included), while
+    the full-logits path (the only one before the fix) grows it by over one copy (measured: 1412 MB).
+    Peak RSS of a fresh process (ru_maxrss). A fixed malloc mmap threshold
+    returns every large block to the system when freed: glibc's adaptive one keeps freed blocks of up
+    to 32 MB in the heap, which grew the peak RSS by ~600 MB of free memory here."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT], capture_output=True, text=True, timeout=170,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    chunked_mb, full_mb = map(float, out.stdout.split())
+    one_copy_mb = 2 * 512 * 128256 * 4 / 2**20
+    assert chunked_mb < 150, (chunked_mb, full_mb)
+    assert full_mb > one_copy_mb, (chunked_mb, full_mb)  # the measurement sees what it bounds
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    """``gradient_checkpointing`` recomputes activations in backward: the same loss gradient (full FT
+    and LoRA), less memory (``soar.memory_plan``)."""
+    from soar.config import LoraConfig, StudentConfig
+    from soar.models import build_char_tokenizer, build_tiny_llama
+    from soar.students.trainer import RLOOTrainer
+
+    tok = build_char_tokenizer()
+    prompts = [tok(f"Q{i}:", add_special_tokens=False).input_ids for i in range(4)]
+    comps = [tok("xy" * (i + 1), add_special_tokens=False).input_ids for i in range(4)]
+    for lora in (LoraConfig(), LoraConfig(r=4, target_modules=["q_proj", "down_proj"])):
+        grads = []
+        for checkpointing in (False, True):
+            model = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=1)
+            ref = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=1) if lora.r == 0 else None
+            cfg = StudentConfig(micro_batch_size=2, kl_coef=0.01, gradient_checkpointing=checkpointing, lora=lora)
+            trainer = RLOOTrainer(model, tok, None, cfg, "{question}", 0, ref_model=ref)
+            assert trainer.model.is_gradient_checkpointing == checkpointing
+            trainer.accumulate_gradients(prompts, comps, torch.linspace(-1, 1, 4))
+            grads.append({n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None})
+        assert grads[0].keys() == grads[1].keys() and grads[0]
+        for name, g in grads[0].items():
+            assert torch.allclose(g, grads[1][name], rtol=1e-5, atol=1e-7), name

@@ -1,5 +1,6 @@
 """Shared-engine multi-LoRA students (``resources.lockstep=true``): the g*r students of an outer step
-train together, one inner step at a time, as LoRA adapters on copies of one frozen baseline.
+train together, one inner step at a time, as LoRA adapters on one frozen baseline whose weights they
+share (``sharing_copy``: one base in memory, not one per student).
 
     soar-train experiment=arith_micro backend.student=vllm backend.eval=vllm backend.vllm.enable_lora=true \
         student.lora.r=8 resources.lockstep=true
@@ -15,7 +16,6 @@ runs with one ``generate`` per student.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 import time
@@ -33,6 +33,7 @@ from soar.students.trainer import (
     correctness_request,
     gold_scores,
     grade_correctness,
+    sharing_copy,
 )
 
 _BASELINES = itertools.count()
@@ -62,7 +63,7 @@ class LockstepStudents:
         seeds = [derive_seed(cfg.seed, "student", *task.key) for task in tasks]
         trainers = []
         for task, seed, gen in zip(tasks, seeds, self.generators("student", len(tasks))):
-            trainers.append(RLOOTrainer(copy.deepcopy(baseline), self.tokenizer, self.grader,
+            trainers.append(RLOOTrainer(sharing_copy(baseline), self.tokenizer, self.grader,
                                         task.student_config(cfg.student), self.template, seed,
                                         batch_size=cfg.backend.batch_size, generator=gen))
         histories = [[] for _ in tasks]

@@ -37,6 +37,7 @@ from soar.seeding import derive_seed
 from soar.students import trainer  # trainer.train_student looked up per call (benchmarks/outer_step.py times it)
 from soar.students.batched import BatchedStudents
 from soar.students.lockstep import LockstepStudents
+from soar.students.promotion import promotion_candidates
 from soar.students.trainer import StudentResult
 
 # ray, torch and omegaconf are imported inside the worker and pool methods: a run without a pool
@@ -104,7 +105,11 @@ class StudentRunner:
 
 
 class InProcessStudents:
-    """``resources.num_workers=0``: every student in this process, one after another."""
+    """``resources.num_workers=0``: every student in this process, one after another. Of the trained
+    students only those that may still be promoted or dumped keep their policy
+    (``promotion_candidates``: the running best dataset's median replicate and the dataset in
+    training), so a group holds at most r + 1 policies, not g*r (16 x 6.4 GB at 3B); the others keep
+    their scores and history (``trainer`` None)."""
 
     def __init__(self, runner: StudentRunner):
         self.runner = runner
@@ -117,12 +122,35 @@ class InProcessStudents:
             res.worker = {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}
             maybe_die("student", task.step)
             out.append(res)
+            drop_unpromotable(tasks, out)
+            for gen in (self.runner.rollout_gen, self.runner.eval_gen):
+                gen.sync_weights(None)  # let go of this student: a kept one is synced again when used
             if progress is not None:
                 progress.update(1)
         return out
 
     def close(self) -> None:
         pass
+
+
+def drop_unpromotable(tasks: list[StudentTask], results: list) -> None:
+    """Release the policies of ``results`` (those of the first ``len(results)`` of ``tasks``) that can
+    no longer be promoted or dumped, per group of the step (``promotion_candidates`` on Q_R scores)."""
+    replicates: dict = {}
+    for task in tasks:
+        key = (task.step, task.group)
+        replicates[key] = max(replicates.get(key, 0), task.j + 1)
+    scores: dict = {}  # (step, group) -> k -> {j: Q_R score}
+    for task, res in zip(tasks, results):
+        scores.setdefault((task.step, task.group), {}).setdefault(task.k, {})[task.j] = res.accuracy["qr"]
+    keep = set()
+    for (step, group), by_k in scores.items():
+        js = {k: sorted(by_j) for k, by_j in by_k.items()}
+        rows = [[by_k[k][j] for j in js[k]] if k in by_k else [] for k in range(1 + max(by_k))]
+        keep |= {(step, group, k, js[k][i]) for k, i in promotion_candidates(rows, replicates[(step, group)])}
+    for task, res in zip(tasks, results):
+        if task.key not in keep:
+            res.trainer = None
 
 
 class StudentWorker:
@@ -323,13 +351,13 @@ class StudentPool:
 
 def student_executor(cfg) -> str:
     """Where a run's students train: ``pool`` (``resources.num_workers`` > 0), ``lockstep``, ``batched``
-    (``resources.batched`` with fully fine-tuned students) or ``in_process`` (one by one)."""
+    (``resources.batched`` with fully fine-tuned float32 students) or ``in_process`` (one by one)."""
     r = cfg.resources
     if r.num_workers > 0:
         return "pool"
     if r.lockstep:
         return "lockstep"
-    return "batched" if r.batched and cfg.student.lora.r == 0 else "in_process"
+    return "batched" if r.batched and cfg.student.lora.r == 0 and cfg.model.dtype == "float32" else "in_process"
 
 
 def make_students(cfg, tokenizer, grader, template: str):

@@ -10,13 +10,39 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 
+def closest_to_median(rewards_R, tol: float = 1e-9) -> list[int]:
+    """Indices of the replicates closest to the median of ``rewards_R`` (within ``tol``)."""
+    r = np.asarray(rewards_R, dtype=float)
+    dist = np.abs(r - float(np.median(r)))
+    return [j for j in range(len(r)) if dist[j] <= dist.min() + tol]
+
+
 def median_replicate(rewards_R) -> int:
     """Index of the median replicate. Odd r: the middle value. Even r: the replicate closest to the
     mean of the two middle values. Ties: lower reward, then lower index."""
     r = np.asarray(rewards_R, dtype=float)
-    dist = np.abs(r - float(np.median(r)))
-    closest = [j for j in range(len(r)) if dist[j] <= dist.min() + 1e-9]  # float-exact ties
-    return min(closest, key=lambda j: (r[j], j))
+    return min(closest_to_median(r), key=lambda j: (r[j], j))  # 1e-9: float-exact ties
+
+
+CANDIDATE_TOL = 1e-6
+"""Slack of ``promotion_candidates``: rewards are scores minus the baseline's, so a near-tie of scores
+may break either way once the baseline is subtracted; such students are kept."""
+
+
+def promotion_candidates(scores_KR: list[list[float]], replicates: int) -> set[tuple[int, int]]:
+    """(k, j) of a group's students that may still be promoted or dumped (the median replicate of the
+    best dataset), from the scores known so far: row k holds dataset k's replicate scores in order,
+    fewer than ``replicates`` while it trains. A dataset still training keeps all its students; of the
+    finished ones only those tied with the best mean keep their (tied) median replicates. Scores may
+    be the rewards or the scores they are computed from (rewards = scores - the baseline's score)."""
+    keep = {(k, j) for k, row in enumerate(scores_KR) if len(row) < replicates for j in range(len(row))}
+    done = {k: row for k, row in enumerate(scores_KR) if len(row) == replicates}
+    if done:
+        best = max(float(np.mean(row)) for row in done.values())
+        for k, row in done.items():
+            if float(np.mean(row)) >= best - CANDIDATE_TOL:
+                keep |= {(k, j) for j in closest_to_median(row, CANDIDATE_TOL)}
+    return keep
 
 
 @dataclass

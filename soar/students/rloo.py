@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from soar.config import LOGITS_CHUNK_ELEMENTS
+
 
 def rloo_advantages(rewards_QG: torch.Tensor) -> torch.Tensor:
     """A_i = R_i - mean_{j != i} R_j within each row (a question's group, or a teacher's g sets)."""
@@ -24,20 +26,77 @@ def k3_kl(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1.0
 
 
+CHUNKED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""``config.model_type``s whose logits are exactly ``get_output_embeddings()(decoder output)`` (no
+soft-capping or scaling after the head), so ``token_logprobs`` may compute them a chunk at a time."""
+
+
+def decoder_and_head(model):
+    """(decoder, LM head) of a causal LM (a peft model's base: its adapters live inside the base's
+    modules), or None where the logits are not just the head over the decoder's output."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in CHUNKED_MODEL_TYPES or not hasattr(base, "get_decoder"):
+        return None
+    return base.get_decoder(), base.get_output_embeddings()
+
+
 def token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, temperature: float = 1.0,
-                   raw: bool = False):
+                   raw: bool = False, chunk_elements: int = LOGITS_CHUNK_ELEMENTS):
     """log p_T(x_t | x_<t) for t >= 1 under the policy sampled at ``temperature`` (softmax of logits / T,
     as vLLM and HF sample, and as TRL and verl score rollouts); shape (B, T-1), aligned with
     ``input_ids_BT[:, 1:]``. With ``raw``, also the T = 1 log-probs from the same forward pass (what
-    vLLM returns as a sampled token's log-prob), as a detached second tensor."""
-    logits = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).logits[:, :-1].float()
-    targets = input_ids_BT[:, 1:, None]
-    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, -1).gather(-1, targets).squeeze(-1)
+    vLLM returns as a sampled token's log-prob), as a detached second tensor.
+
+    The vocabulary logits are never materialised for the whole micro-batch: the decoder's hidden
+    states go through the LM head ``chunk_elements`` logits at a time, each chunk under activation
+    checkpointing (its logits are recomputed in backward), so the extra memory is one chunk's, not
+    B x T x V fp32 values and their log-softmax copy. Values and gradients are those of
+    ``full_token_logprobs`` (which models outside ``CHUNKED_MODEL_TYPES`` still use)."""
+    parts = decoder_and_head(model)
+    if parts is None:
+        return full_token_logprobs(model, input_ids_BT, attention_mask_BT, temperature, raw)
+    decoder, head = parts
+    hidden_BTH = decoder(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
+                         use_cache=False).last_hidden_state[:, :-1]
+    targets_BT = input_ids_BT[:, 1:]
+    batch, width = targets_BT.shape
+    step = max(1, chunk_elements // max(batch * head.weight.shape[0], 1))
+    checkpointed = torch.is_grad_enabled() and hidden_BTH.requires_grad
+    chunks = []
+    for start in range(0, width, step):
+        args = (head, hidden_BTH[:, start:start + step], targets_BT[:, start:start + step], temperature, raw)
+        if checkpointed:
+            from torch.utils.checkpoint import checkpoint
+
+            chunks.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            chunks.append(_chunk_logprobs(*args))
+    logp = torch.cat([c[0] for c in chunks], dim=1)
     if not raw:
         return logp
-    if temperature == 1.0:
-        return logp, logp.detach()
+    return logp, torch.cat([c[1] for c in chunks], dim=1).detach()
+
+
+def _chunk_logprobs(head, hidden_BCH, targets_BC, temperature: float, raw: bool):
+    """One chunk of ``token_logprobs``: (tempered log-probs, T = 1 log-probs or the same tensor)."""
+    return _gathered_logprobs(head(hidden_BCH).float(), targets_BC[..., None], temperature, raw)
+
+
+def _gathered_logprobs(logits, targets, temperature: float, raw: bool):
+    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, -1).gather(-1, targets).squeeze(-1)
+    if not raw or temperature == 1.0:
+        return logp, logp
     return logp, torch.log_softmax(logits.detach(), -1).gather(-1, targets).squeeze(-1)
+
+
+def full_token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, temperature: float = 1.0,
+                        raw: bool = False):
+    """``token_logprobs`` from the model's full (B, T, V) logits: for models whose logits are more than
+    the head over the decoder's output, and the reference the chunked path is tested against."""
+    logits = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).logits[:, :-1].float()
+    logp, raw_logp = _gathered_logprobs(logits, input_ids_BT[:, 1:, None], temperature, raw)
+    return (logp, raw_logp.detach()) if raw else logp
 
 
 def pack_completion_values(prompt_ids: list[list[int]], values: list[list[float]], width: int) -> torch.Tensor:

@@ -41,7 +41,8 @@ class GroupRewards:
     rewards_KR: np.ndarray
     """Per dataset and replicate (intrinsic: one column). R_k = rewards_KR.mean(-1)."""
     students_KR: list[list[StudentResult]] = field(default_factory=list)
-    """The trained students (grounded), kept until the promotion decision."""
+    """The trained students (grounded), kept until the promotion decision; in-process students that can
+    no longer be promoted or dumped have ``trainer`` None (``soar.students.pool.drop_unpromotable``)."""
     metrics: dict = field(default_factory=dict)
 
 

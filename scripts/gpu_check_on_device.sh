@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 49 §6's GPU check (benchmarks/gpu_check.py) on one H100/H200 of the device tool, in at most 8
+# minutes: HF generation at 256 x 1024 tokens; a full fine-tuning inner step with fp32 master weights
+# and in pure bf16; LoRA with fp32 and bf16 adapters; micro-batch 8 through the chunked log-probs and
+# the full logits; the memory plan's prediction beside every measured peak. The image's torch,
+# transformers and peft are all it needs (no wheels to carry, nothing downloaded):
+#   device run: bash scripts/gpu_check_on_device.sh          (timeout_s 540; no carry)
+# It writes $OUT/gpu_check.json (benchmarks/results/gpu_check.json without $OUT) and $OUT/gpu_check.log;
+# commit the JSON as benchmarks/results/gpu_check_<h100|h200>.json. Extra arguments go to gpu_check.py
+# (e.g. --parts generation,logprobs to rerun two parts). Each part writes the JSON when it ends, and
+# the run stops itself after GPU_CHECK_SECONDS (default 470) so that what finished comes back.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+out="${OUT:-benchmarks/results}"
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader 2>/dev/null || true
+python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)'
+status=0
+timeout "${GPU_CHECK_SECONDS:-470}" python3 benchmarks/gpu_check.py --out "$out/gpu_check.json" "$@" \
+  2>&1 | tee "$out/gpu_check.log" || status=$?
+echo "gpu_check.py exited $status"
+ls -la "$out"
