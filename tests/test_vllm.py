@@ -150,6 +150,38 @@ def test_in_memory_weight_push_serves_exactly_what_the_disk_push_serves(setup, m
     assert_agrees(changed, tok, other)
 
 
+def _weights_seen(weights):  # runs in a spawned process, as vLLM's engine and workers are
+    return [(name, t.dtype, t.sum().item()) for name, t in weights]
+
+
+def test_in_memory_weights_cross_processes_through_one_shared_block_or_fall_back_to_disk(monkeypatch, caplog):
+    """What ``collective_rpc`` pickles is the block's name and layout, not the tensors; another
+    process reads every dtype back exactly; the block is gone after ``release``. A /dev/shm too
+    small for the weights (a container's 64 MB) sends the push through disk, with a warning."""
+    import multiprocessing
+    import pickle
+    from multiprocessing.shared_memory import SharedMemory
+
+    from soar import vllm_backend
+    from soar.vllm_backend import WeightsInMemory, shm_fits
+
+    items = [("a", torch.randn(300, 7)), ("b", torch.randn(5).to(torch.bfloat16)), ("c", torch.tensor(3.0)),
+             ("d", torch.arange(6, dtype=torch.float16).reshape(2, 3))]
+    weights = WeightsInMemory(items).share()
+    assert len(pickle.dumps(weights)) < 1000
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        seen = pool.apply(_weights_seen, (weights,))
+    assert seen == [(name, t.dtype, t.sum().item()) for name, t in items]
+    name = weights.block.name
+    weights.release()
+    with pytest.raises(FileNotFoundError):
+        SharedMemory(name=name)
+    assert shm_fits(dict(items))
+    monkeypatch.setattr(vllm_backend, "SHM_DIR", "/nonexistent-shm")
+    monkeypatch.setattr(shm_fits, "warned", False, raising=False)
+    assert not shm_fits(dict(items)) and "pushing through a temporary folder instead" in caplog.text
+
+
 def test_lora_adapters_served_with_fresh_names(setup):
     from peft import LoraConfig, get_peft_model
 
