@@ -6,9 +6,9 @@
 The teacher state is a random Llama's trainer state as ``RLOOTrainer.state_dict`` lays it out
 (trainable weights, AdamW's two moments after one step, schedule): the paper's 3B teacher's is ~19 GB
 (fp32 moments). Each mode writes it ``--repeats`` times through the loop's own pieces
-(``RunDir.checkpoint``, ``LoopState.save``, ``state.Background``, ``state.cpu_copy``) and records the
-seconds the step waits: sync, the whole write; async, the CPU copy at the step boundary (the write
-then overlaps the next step, which waits only if that step is shorter than the write).
+(``RunDir.checkpoint``, ``LoopState.save``, ``state.Background``, ``state.on_cpu``) and records the
+seconds the step waits: sync, the whole write; async, handing it to the thread (the write then
+overlaps the next step, which waits only if its sampling and students take less than the write).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main(argv=None) -> dict:
     import soar
     from soar.models import build_char_tokenizer, build_tiny_llama
     from soar.run import RunDir
-    from soar.state import Background, LoopState, cpu_copy
+    from soar.state import Background, LoopState, on_cpu
 
     model = build_tiny_llama(build_char_tokenizer(), hidden=args.hidden, layers=args.layers, heads=args.hidden // 64)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -71,7 +71,8 @@ def main(argv=None) -> dict:
                 step += 1
                 writer.wait()  # the next step's wait: here none is left to overlap, so it is counted apart
                 t0 = time.perf_counter()
-                writer.submit(write, LoopState(step=step), cpu_copy(state) if writer.threaded else state)
+                teacher_state = {**state, "trainable": on_cpu(state["trainable"])} if writer.threaded else state
+                writer.submit(write, LoopState(step=step), teacher_state)
                 waited.append(time.perf_counter() - t0)
             writer.close()
             result[mode] = {"step_waits_s": waited, "write_s": written, "median_wait_s": statistics.median(waited),

@@ -13,8 +13,8 @@ Each phase of a step is work in one GPU's seconds (``StepWork``):
 - teacher sampling = g*n / valid fraction completions of 512 tokens; the teacher update = the
   measured full-FT step scaled to the teacher's 256 sequences of prompt + 512 tokens;
 - the checkpoint and the step dump on the critical path (before issue 49: a synchronous ~19 GB
-  ``teacher.pt`` and 4 greedy completions every step; after: a CPU copy at the step boundary, and
-  completions every 10 steps during the teacher update);
+  ``teacher.pt`` and 4 greedy completions every step; after: the weights' copy to host memory, the
+  write in the background, and completions every 10 steps during the teacher update);
 - the baseline's greedy pass over MATH's fail@128 hard set (359 + 360) at the start and per promotion.
 """
 
@@ -51,6 +51,7 @@ ASSUMED = {
     "push_full_s": 1.5,
     "push_lora_s": 0.1,
     "teacher_state_gb": 19.0,
+    "teacher_weights_gb": 6.4,
     "disk_gb_per_s": 1.0,
     "host_copy_gb_per_s": 10.0,
     "decode_step_s": 64 / 3060.0,
@@ -62,7 +63,7 @@ ASSUMED = {
 cannot be installed on the GPU machine this project borrows); the student prompt length; the
 teacher's prompt length and valid fraction; one in-memory push of 3B bf16 weights (6.4 GB through
 host memory) or of an adapter; the ~19 GB teacher state (weights + Adam moments) written at 1 GB/s
-or copied to host memory at 10 GB/s; an HF decode step at small batch (from the measured batch-64
+in the step, or in the background after its 6.4 GB of weights are copied to host memory at 10 GB/s; an HF decode step at small batch (from the measured batch-64
 throughput); MATH's hard set (paper Table 2); promotions per run (PQ of 128-256 questions: 2-4);
 LoRA's step at the FLOP ratio of a backward without weight gradients (about 2/3 of full FT)."""
 
@@ -85,8 +86,9 @@ def step_work(length: int, students: str, generation: str, after_issue_49: bool,
     teacher_tokens = groups * p["g"] * p["n"] / a["teacher_valid_frac"] * p["teacher_tokens"]
     teacher_update = groups * MEASURED["train_full_s"] * (a["teacher_prompt_tokens"] + p["teacher_tokens"]) \
         / MEASURED["train_tokens"]
-    if after_issue_49:  # a CPU copy at the step boundary; completions every 10 steps, during the update
-        checkpoint, dump = a["teacher_state_gb"] / a["host_copy_gb_per_s"], 0.0
+    if after_issue_49:  # the weights' clone to host memory, the rest written in the background;
+        # completions every 10 steps, during the teacher update
+        checkpoint, dump = a["teacher_weights_gb"] / a["host_copy_gb_per_s"], 0.0
     else:
         # the dump's completions are one batch: L decode steps
         checkpoint, dump = a["teacher_state_gb"] / a["disk_gb_per_s"], length * a["decode_step_s"]
@@ -179,8 +181,9 @@ def markdown(result: dict) -> str:
                          f"{steps}; {100 * r['step_busy_fraction']:.0f} % of the held GPU-time busy")
     lines.append("")
     for f in result["floors"]:
-        lines.append(f"- floor, L={f['length']}, K={f['K']}, {STUDENTS[(f['generation'], f['student_kind'])]}: "
-                     f"training and weight pushes {f['train_and_push_gpu_hours']:.0f} + generation {f['generation_gpu_hours']:.0f} GPU-hours")
+        what = STUDENTS[(f["generation"], f["student_kind"])]
+        lines.append(f"- floor, L={f['length']}, K={f['K']}, {what}: training and weight pushes "
+                     f"{f['train_and_push_gpu_hours']:.0f} + generation {f['generation_gpu_hours']:.0f} GPU-hours")
     return "\n".join(lines)
 
 

@@ -367,10 +367,10 @@ class LoopConfig:
     """Checkpoint every N outer steps (and after the last, and at a stop request); a killed run
     resumes from the last one and recomputes the steps after it, identically."""
     async_checkpoint: bool = True
-    """Write each checkpoint on a thread, from a CPU copy of the teacher's state taken at the step
-    boundary, while the next step samples and trains its students (the paper's teacher: a ~19 GB
-    ``teacher.pt``, weights and Adam moments). The next step's first file waits for it
-    (``time/checkpoint_wait_s``). False writes it before the next step starts."""
+    """Write each checkpoint on a thread while the next step samples and trains its students (the
+    paper's teacher: a ~19 GB ``teacher.pt``, weights and Adam moments). That step waits for it
+    before its first file and its teacher update (``time/checkpoint_wait_s``), so the write reads the
+    teacher's state without a copy. False writes it before the next step starts."""
     keep_every: int = 0
     """Also keep the teacher in HF format every N steps under ``teacher/step_N`` (0: never)."""
     dump_completions: int = 4

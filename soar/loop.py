@@ -44,7 +44,7 @@ from soar.run import MetricsLogger
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
-from soar.state import Background, LoopState, cpu_copy, save_model_atomic
+from soar.state import Background, LoopState, on_cpu, save_model_atomic
 from soar.students.promotion import PromotionPolicy, median_replicate
 from soar.students.trainer import SyncError, problem_scores
 from soar.teachers.rewards import as_problems, make_teacher_reward
@@ -158,7 +158,8 @@ class Loop:
         rewards_KR = np.concatenate([r.rewards_KR for r in results])
         m.update(merge_group_metrics([r.metrics for r in results]))
 
-        with phase("checkpoint_wait", t, times):  # the step's first file (promotion, dump) after the last checkpoint
+        # Before the step's first file (promotion, dump) and its teacher update: the last checkpoint is written.
+        with phase("checkpoint_wait", t, times):
             self.writer.wait()
             maybe_die("checkpoint_wait", t)
         decision = self.policy.update(rewards_KR)  # 4. promotion (before the teacher update)
@@ -267,17 +268,22 @@ class Loop:
         """Checkpoint the state after ``state.step`` outer steps when one is due: every
         ``loop.checkpoint_every`` steps, after the last step, or ``force`` (a stop request; nothing
         when this step's checkpoint is already written). With ``loop.async_checkpoint`` it is written
-        on a thread from a CPU copy taken now, while the next step samples and trains its students;
-        the next step waits for it before its first file (``time/checkpoint_wait_s``), so files land
-        in step order and a write error stops the run one step later at most."""
+        on a thread while the next step samples and trains its students; that step waits for it
+        (``time/checkpoint_wait_s``) before it writes a file or changes the teacher, so files land in
+        step order, the write reads the teacher as it was at this step's end, and a write error stops
+        the run one step later at most."""
         st, cfg = self.state, self.cfg
         self.keep_teacher()
         if self.checkpointed == st.step or not (force or st.step % cfg.loop.checkpoint_every == 0
                                                 or st.step >= cfg.loop.steps):
             return
         teacher_state = self.teacher.trainer.state_dict()
-        self.writer.submit(self.write_checkpoint, copy.deepcopy(st),
-                           cpu_copy(teacher_state) if self.writer.threaded else teacher_state)
+        if self.writer.threaded:
+            # No copy of the optimiser's live moments (the paper's teacher: ~13 GB in fp32): the teacher
+            # changes only in its update, and the next step waits for this write before it
+            # (checkpoint_wait). Its weights, cloned by state_dict, leave the driver's GPU meanwhile.
+            teacher_state["trainable"] = on_cpu(teacher_state["trainable"])
+        self.writer.submit(self.write_checkpoint, copy.deepcopy(st), teacher_state)
         self.checkpointed = st.step
 
     def write_checkpoint(self, st: LoopState, teacher_state: dict) -> None:

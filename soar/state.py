@@ -4,8 +4,9 @@ A checkpoint (``checkpoints/step_N/``, written to a temp folder then renamed) ho
 (step counter, inner-loop length, promotion history and records, PQ, the baseline's hard-train
 correctness) and ``teacher.pt`` (teacher weights, optimiser, scheduler). Promoted students are
 saved in HF format under ``promoted/`` when promoted; the baseline is reloaded from the last one.
-``Background`` writes a checkpoint on a thread while the next step runs (``loop.async_checkpoint``),
-from a CPU copy taken at the step boundary (``cpu_copy``).
+``Background`` writes a checkpoint on a thread while the next step runs (``loop.async_checkpoint``);
+it reads the teacher's live optimiser state, which nothing changes until the next step's teacher
+update, and that waits for the write (``soar.loop.Loop.checkpoint``).
 """
 
 from __future__ import annotations
@@ -68,16 +69,15 @@ def save_model_atomic(trainer, folder: Path) -> None:
     os.replace(tmp, folder)
 
 
-def cpu_copy(obj):
-    """``obj`` (nested dicts, lists and tuples of tensors and plain values) with every tensor copied
-    to the CPU: a snapshot that a background write can read while training changes the live tensors
-    (an optimiser's ``state_dict`` holds its live moment tensors, not copies)."""
+def on_cpu(obj):
+    """``obj`` (nested dicts, lists and tuples of tensors and plain values) with every tensor on the
+    CPU: moved off a GPU, CPU tensors as they are (no copy)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        return obj if obj.device.type == "cpu" else obj.detach().to("cpu")
     if isinstance(obj, dict):
-        return {k: cpu_copy(v) for k, v in obj.items()}
+        return {k: on_cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(cpu_copy(v) for v in obj)
+        return type(obj)(on_cpu(v) for v in obj)
     return obj
 
 

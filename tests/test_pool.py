@@ -190,6 +190,9 @@ def test_soar_train_on_the_pool_equals_in_process(tiny_model_dir, tmp_path):
         dump = json.loads((tmp_path / "pool" / "steps" / f"step_{step:06d}.json").read_text())
         students = [s for d in dump["datasets"] for s in d["students"]]
         assert len(students) == 4 and len({s["pid"] for s in students}) == 2 and all(s["node_id"] for s in students)
+        # generated in the worker during the teacher update (issue 49), the same completions
+        alone = json.loads((tmp_path / "in_process" / "steps" / f"step_{step:06d}.json").read_text())
+        assert dump["student_completions"] == alone["student_completions"] and len(alone["student_completions"]) == 2
 
 
 def sized(tiny_model_dir, monkeypatch, *overrides):
