@@ -63,9 +63,10 @@ ASSUMED = {
 cannot be installed on the GPU machine this project borrows); the student prompt length; the
 teacher's prompt length and valid fraction; one in-memory push of 3B bf16 weights (6.4 GB through
 host memory) or of an adapter; the ~19 GB teacher state (weights + Adam moments) written at 1 GB/s
-in the step, or in the background after its 6.4 GB of weights are copied to host memory at 10 GB/s; an HF decode step at small batch (from the measured batch-64
-throughput); MATH's hard set (paper Table 2); promotions per run (PQ of 128-256 questions: 2-4);
-LoRA's step at the FLOP ratio of a backward without weight gradients (about 2/3 of full FT)."""
+in the step, or in the background after its 6.4 GB of weights are copied to host memory at
+10 GB/s; an HF decode step at small batch (from the measured batch-64 throughput); MATH's hard set
+(paper Table 2); promotions per run (PQ of 128-256 questions: 2-4); LoRA's step at the FLOP ratio
+of a backward without weight gradients (about 2/3 of full FT)."""
 
 PAPER = {"g": 4, "n": 64, "r": 4, "questions": 8, "group": 32, "m": 64, "teacher_tokens": 512, "steps": 200,
          "dump_completions": 4}

@@ -65,9 +65,10 @@ def gpu_shortfall(workers: int, gpus_per_student: float, ray_gpus: float) -> str
     what = f"resources.num_workers: {workers} workers x resources.gpus_per_student {gpus_per_student:g} = {need:g} GPUs"
     if ray_gpus < 1:
         return f"{what}, but Ray has none: set resources.gpus_per_student=0 to train on CPU, or give Ray the GPUs"
-    share = math.floor(1e4 / math.ceil(workers / int(ray_gpus))) / 1e4  # students per GPU, rounded up
+    per_gpu = math.ceil(workers / int(ray_gpus))
+    share = math.floor(1e4 / per_gpu) / 1e4  # rounded down: per_gpu shares never exceed one GPU
     return (f"{what}, but Ray has {ray_gpus:g}: use at most {int(ray_gpus // gpus_per_student)} workers, or "
-            f"resources.gpus_per_student={share:g} to put {math.ceil(workers / int(ray_gpus))} on each GPU")
+            f"resources.gpus_per_student={share:g} to put {per_gpu} on each GPU")
 
 
 @dataclass(frozen=True)
