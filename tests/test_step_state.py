@@ -159,3 +159,52 @@ def test_a_background_checkpoint_runs_while_the_caller_goes_on_and_reports_its_e
     inline, order = Background(False, "inline"), []
     inline.submit(order.append, 1)
     assert order == [1]  # async_checkpoint=false: written before submit returns
+
+
+def test_the_teacher_changes_only_after_its_background_checkpoint_is_written(tiny_model_dir, tmp_path, monkeypatch):
+    """The background write reads the teacher's live optimiser state (no copy), so the next step must
+    not update the teacher, nor write a file, before the write is done. Each write is held back until
+    the loop waits for it or the teacher's update is called: the update must find no write in flight."""
+    import threading
+
+    import soar.loop
+    from soar.state import Background
+    from soar.teachers.update import TeacherPolicy
+    from soar.worlds.arith import generate_problems
+
+    in_flight, updates, waits, release = [], [], [], threading.Event()
+    write, update, wait = soar.loop.Loop.write_checkpoint, TeacherPolicy.update, Background.wait
+
+    def held_write(self, st, teacher_state):
+        in_flight.append(st.step)
+        release.wait(60)
+        release.clear()
+        write(self, st, teacher_state)
+        in_flight.remove(st.step)
+
+    def watched_update(self, *args, **kwargs):
+        updates.append(list(in_flight))
+        if in_flight:
+            release.set()  # an update before the wait: let the write go on
+        return update(self, *args, **kwargs)
+
+    def watched_wait(self):
+        if self._future is not None:  # a write under way: the loop waits for it
+            waits.append(self.name)
+            release.set()
+        return wait(self)
+
+    monkeypatch.setattr(soar.loop.Loop, "write_checkpoint", held_write)
+    monkeypatch.setattr(TeacherPolicy, "update", watched_update)
+    monkeypatch.setattr(Background, "wait", watched_wait)
+    hard = tmp_path / "hard.jsonl"
+    hard.write_text("".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer,
+                                        "split": "train" if i < 8 else "test"}) + "\n"
+                            for i, p in enumerate(generate_problems(3, 3, 12, seed=7, prefix="hard"))))
+    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'run'}",
+                        f"loop.hard_set={hard}", "loop.steps=2", "run.progress=false", "loop.diversity_model=null",
+                        "student.max_steps=1", "inner.replicates=1"])
+    soar.train(cfg)
+    assert updates == [[], []]  # no teacher update while a checkpoint was being written
+    assert waits == ["soar-checkpoint", "soar-checkpoint"]  # step 2 waited for step 1's, the end for step 2's
+    assert [p.name for p in sorted((tmp_path / "run" / "checkpoints").glob("step_*"))] == ["step_000001", "step_000002"]
