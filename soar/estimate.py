@@ -25,14 +25,21 @@ is given, and its time is part of the projection. Then, with T = ``loop.steps``:
 Student steps and tokens (``compute/*``) are projected the same way. A calibration step whose
 teacher update was skipped (all-equal rewards: ``teacher/skipped_zero_adv`` in ``rows``) measures
 that phase at ~0 s, so both bounds then leave out the teacher's forward/backward.
+
+``project_layout`` is the other projection: a step's work per phase in one GPU's seconds
+(``StepWork``, from single-GPU measurements) laid out on G GPUs held for the whole run, giving the
+step's timeline, the busy fraction of the held GPU-time and the allocated GPU-hours
+(``benchmarks/layouts.py``, docs/paper_setting.md).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +90,7 @@ def calibrate(cfg, steps: int = 1, run_dir: str | Path | None = None) -> dict:
                 metrics_log.log(t + 1, metrics)
                 loop.checkpoint()
                 rows.append({**metrics, "time/wall_s": time.perf_counter() - t0})
-            loop.reward_fn.close()
+            loop.close()  # the last checkpoint is written (loop.async_checkpoint) before the run dir goes
             metrics_log.close()
         finally:
             stage.close()
@@ -154,6 +161,64 @@ def project(calibration: dict, cfg) -> dict:
             "total_hours": {b: s / 3600 for b, s in total_s.items()}, "compute_totals": totals,
             "per_step": {"phases_s": step, "compute": compute}, "first_step_extra_s": first_step_extra_s,
             "baseline_eval_s": baseline_eval_s}
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """One outer step's work, phase by phase, in seconds of one GPU (``project_layout``)."""
+
+    student_inner_s: float
+    """One inner step of one student: its rollouts, the weight push into an engine, forward/backward
+    and optimiser."""
+    student_eval_s: float
+    """One student's greedy evaluation on Q_R (after its K inner steps)."""
+    teacher_sample_s: float
+    """Teacher sampling, until g*n valid pairs per group (the driver's GPU)."""
+    teacher_update_s: float
+    """The teacher's RLOO update (the driver's GPU)."""
+    checkpoint_s: float = 0.0
+    """Checkpoint time on the step's critical path, every GPU idle (0: written in the background)."""
+    dump_s: float = 0.0
+    """The step dump's completions on the critical path (0: generated while the teacher updates)."""
+    baseline_eval_s: float = 0.0
+    """The baseline's greedy pass over hard-train and hard-test, at the start and at each promotion
+    (the driver's GPU)."""
+
+
+def project_layout(work: StepWork, gpus: int, students: int, inner_steps: int, steps: int = 200,
+                   promotions: int = 0, driver_trains_students: bool = True) -> dict:
+    """A run of ``steps`` outer steps on ``gpus`` GPUs held throughout: per-step timeline, busy
+    fraction and allocated GPU-hours (GPUs held x wall time).
+
+    The teacher's phases run on the driver's GPU while the others wait. The ``students`` of a step
+    (K = ``inner_steps`` each) are spread evenly over the GPUs that train students: all of them when
+    the driver's GPU trains students too (``driver_trains_students``), else one fewer. A GPU with
+    more than one student trains them one after another or side by side at the same total time
+    (no gain from sharing is assumed), so the students' phase lasts ceil(students / GPUs) students."""
+    trainers = gpus if driver_trains_students else gpus - 1
+    if trainers < 1 or students < 1 or inner_steps < 1:
+        raise ValueError(f"a layout needs a GPU for students and a student: gpus={gpus}, students={students}, "
+                         f"inner_steps={inner_steps}, driver_trains_students={driver_trains_students}")
+    student_s = inner_steps * work.student_inner_s + work.student_eval_s
+    per_gpu = math.ceil(students / trainers)
+    timeline = [  # (phase, seconds, GPUs busy on average during it)
+        ("teacher_sample", work.teacher_sample_s, 1.0),
+        ("students", per_gpu * student_s, students / per_gpu),
+        ("teacher_update", work.teacher_update_s, 1.0),
+        ("dump", work.dump_s, 1.0),
+        ("checkpoint", work.checkpoint_s, 0.0),
+    ]
+    step_s = sum(seconds for _, seconds, _ in timeline)
+    busy_gpu_s = sum(seconds * busy for _, seconds, busy in timeline)
+    one_off_s = (1 + promotions) * work.baseline_eval_s
+    wall_s = steps * step_s + one_off_s
+    busy_run_s = steps * busy_gpu_s + one_off_s
+    return {"gpus": gpus, "students": students, "inner_steps": inner_steps, "students_per_gpu": per_gpu,
+            "driver_trains_students": driver_trains_students, "student_s": student_s,
+            "timeline": [{"phase": name, "s": seconds, "busy_gpus": busy} for name, seconds, busy in timeline],
+            "step_s": step_s, "step_busy_fraction": busy_gpu_s / (gpus * step_s),
+            "wall_hours": wall_s / 3600, "allocated_gpu_hours": gpus * wall_s / 3600,
+            "busy_gpu_hours": busy_run_s / 3600, "busy_fraction": busy_run_s / (gpus * wall_s)}
 
 
 def estimate(cfg, calibration_steps: int = 1, run_dir: str | Path | None = None) -> dict:

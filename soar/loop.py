@@ -15,7 +15,9 @@ Per outer step t:
      by ``inner.steps_per_promotion``, up to ``inner.max_steps``;
   5. teacher update: RLOO over the g datasets (A_k = R_k - mean of the others), KL to the initial
      teacher, using the rewards measured against the old baseline;
-  6. step dump, metrics, one atomic checkpoint. A killed run resumes from the last checkpoint.
+  6. step dump, metrics, one atomic checkpoint (every ``loop.checkpoint_every`` steps, written on a
+     thread while the next step runs with ``loop.async_checkpoint``). A killed run resumes from the
+     last checkpoint and reproduces the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import copy
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
@@ -41,7 +44,7 @@ from soar.run import MetricsLogger
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
-from soar.state import LoopState, save_model_atomic
+from soar.state import Background, LoopState, on_cpu, save_model_atomic
 from soar.students.batched import BatchedStudents
 from soar.students.promotion import PromotionPolicy, median_replicate
 from soar.students.trainer import SyncError, problem_scores
@@ -110,6 +113,8 @@ class Loop:
             if self.state.promotions:
                 self.baseline = load_model(_model_cfg(cfg, str(run.path / self.state.promotions[-1]["path"])))
             log.info("resumed from %s after outer step %d", run.resume_from, self.state.step)
+        self.checkpointed = self.teacher_kept = self.state.step  # the last step checkpointed / kept (keep_every)
+        self.writer = Background(cfg.loop.async_checkpoint, "soar-checkpoint")
         self.policy = PromotionPolicy(cfg.promotion, self.state.history)
         self.diversity = DiversityMeter(cfg.loop.diversity_model)
         self.oracle = resolve_hook(cfg, "loop.answer_oracle") if cfg.loop.answer_oracle else None  # measurement only
@@ -165,6 +170,10 @@ class Loop:
         rewards_KR = np.concatenate([r.rewards_KR for r in results])
         m.update(merge_group_metrics([r.metrics for r in results]))
 
+        # Before the step's first file (promotion, dump) and its teacher update: the last checkpoint is written.
+        with phase("checkpoint_wait", t, times):
+            self.writer.wait()
+            maybe_die("checkpoint_wait", t)
         decision = self.policy.update(rewards_KR)  # 4. promotion (before the teacher update)
         st.history = self.policy.history
         record = None
@@ -172,6 +181,7 @@ class Loop:
             with phase("promotion", t, times):
                 record = self.promote(t, decision, results, datasets_GK, rewards_KR)
 
+        completions = self.start_completions(t, qr, results, rewards_KR)  # in a pool worker: during the update
         adv_GK = [dataset_advantages(r.rewards_KR.mean(-1)) for r in results]  # 5. teacher update
         if not cfg.teacher.frozen:
             with phase("teacher_update", t, times):
@@ -186,7 +196,7 @@ class Loop:
         if cfg.inner.reward_metric != "accuracy":  # the baseline in the reward's units (student/base_acc_qr too)
             m["promotion/baseline_hard_train_score"] = float(np.mean(self.baseline_scores()))
         m.update(self.grader.stats.as_metrics())
-        self.dump(t, datasets_GK, rewards_KR, adv_GK, qr, results, decision, record)
+        self.dump(t, datasets_GK, rewards_KR, adv_GK, results, decision, record, completions())
         st.step = t + 1
         m.update(times)
         m["time/phases_s"] = sum(times.values())  # the timed phases only (was time/step_s)
@@ -223,9 +233,35 @@ class Loop:
         log.info("promotion %d at step %d: %s", index, t + 1, decision.reason)
         return record
 
-    def dump(self, t, datasets_GK, rewards_KR, adv_GK, qr, results, decision, record) -> None:
+    def start_completions(self, t, qr, results, rewards_KR):
+        """Start the step dump's greedy completions of the median student of the best dataset on the
+        first ``loop.dump_completions`` Q_R questions (every ``loop.dump_every`` steps); returns a
+        function that gives them. A pool student generates in its worker, on a thread here, while
+        the driver updates the teacher; others generate now."""
+        cfg, g = self.cfg, self.cfg.teacher.datasets
+        if not (results[0].students_KR and cfg.loop.dump_completions and (t + 1) % cfg.loop.dump_every == 0):
+            return lambda: []
+        bi, bk = divmod(int(np.argmax(rewards_KR.mean(-1))), g)
+        best = results[bi].students_KR[bk][median_replicate(rewards_KR[bi * g + bk])]
+        few = qr[: cfg.loop.dump_completions]
+        sampler = best.trainer.sampler()
+        prompts = [render_prompt(self.template, p.question) for p in few]
+        params = SamplingParams(greedy=True, max_tokens=cfg.student.max_tokens)
+
+        def rows(outs) -> list[dict]:
+            return [{"question": p.question, "gold": p.answer, "completion": o[0].text} for p, o in zip(few, outs)]
+
+        if getattr(sampler, "generates_in_worker", False):
+            pool = ThreadPoolExecutor(1, thread_name_prefix="soar-dump")
+            future = pool.submit(sampler.generate, prompts, params)
+            pool.shutdown(wait=False)  # the thread ends with the job
+            return lambda: rows(future.result())
+        outs = sampler.generate(prompts, params)
+        return lambda: rows(outs)
+
+    def dump(self, t, datasets_GK, rewards_KR, adv_GK, results, decision, record, completions) -> None:
         """``steps/step_N.json``: questions with R_k, A_k, replicate rewards and where each student ran
-        (pid, Ray node id), a few completions."""
+        (pid, Ray node id), and ``completions`` (``start_completions``)."""
         g, rows = self.cfg.teacher.datasets, []
         for gi, ds in enumerate(datasets_GK):
             for k, d in enumerate(ds):
@@ -234,32 +270,57 @@ class Loop:
                              "replicate_rewards": rewards_KR[kk].tolist(),
                              "students": [s.worker for s in results[gi].students_KR[k]] if results[gi].students_KR else [],
                              "questions": [{"question": p.question, "answer": p.answer} for p in d]})
-        completions, best = [], None
-        if results[0].students_KR:  # the median student of the best dataset
-            bi, bk = divmod(int(np.argmax(rewards_KR.mean(-1))), g)
-            best = results[bi].students_KR[bk][median_replicate(rewards_KR[bi * g + bk])]
-        if best is not None and self.cfg.loop.dump_completions:
-            few = qr[: self.cfg.loop.dump_completions]
-            outs = best.trainer.sampler().generate([render_prompt(self.template, p.question) for p in few],
-                                                   SamplingParams(greedy=True, max_tokens=self.cfg.student.max_tokens))
-            completions = [{"question": p.question, "gold": p.answer, "completion": o[0].text} for p, o in zip(few, outs)]
         out = self.run.path / "steps"
         out.mkdir(exist_ok=True)
         (out / f"step_{t + 1:06d}.json").write_text(json.dumps(
             {"step": t + 1, "datasets": rows, "decision": decision.to_dict(), "promotion": record,
              "student_completions": completions}, indent=1))
 
-    def checkpoint(self) -> None:
-        st = self.state
+    def checkpoint(self, force: bool = False) -> None:
+        """Checkpoint the state after ``state.step`` outer steps when one is due: every
+        ``loop.checkpoint_every`` steps, after the last step, or ``force`` (a stop request; nothing
+        when this step's checkpoint is already written). With ``loop.async_checkpoint`` it is written
+        on a thread while the next step samples and trains its students; that step waits for it
+        (``time/checkpoint_wait_s``) before it writes a file or changes the teacher, so files land in
+        step order, the write reads the teacher as it was at this step's end, and a write error stops
+        the run one step later at most."""
+        st, cfg = self.state, self.cfg
+        self.keep_teacher()
+        if self.checkpointed == st.step or not (force or st.step % cfg.loop.checkpoint_every == 0
+                                                or st.step >= cfg.loop.steps):
+            return
+        teacher_state = self.teacher.trainer.state_dict()
+        if self.writer.threaded:
+            # No copy of the optimiser's live moments (the paper's teacher: ~13 GB in fp32): the teacher
+            # changes only in its update, and the next step waits for this write before it
+            # (checkpoint_wait). Its weights, cloned by state_dict, leave the driver's GPU meanwhile.
+            teacher_state["trainable"] = on_cpu(teacher_state["trainable"])
+        self.writer.submit(self.write_checkpoint, copy.deepcopy(st), teacher_state)
+        self.checkpointed = st.step
+
+    def write_checkpoint(self, st: LoopState, teacher_state: dict) -> None:
         with self.run.checkpoint(st.step, keep_last=self.cfg.loop.keep_last) as ckpt:
-            st.save(ckpt, self.teacher.trainer.state_dict())
+            st.save(ckpt, teacher_state)
             maybe_die("checkpoint", st.step - 1)
         write_jsonl(self.run.path / "pq.jsonl", st.pq)
         write_jsonl(self.run.path / "promotions.jsonl", st.promotions)
+
+    def keep_teacher(self) -> None:
+        """``loop.keep_every``: the teacher in HF format under ``teacher/step_N`` (from the live model)."""
         every = self.cfg.loop.keep_every
-        if every and st.step % every == 0:
+        if every and self.state.step % every == 0 and self.teacher_kept != self.state.step:
+            self.teacher_kept = self.state.step
+            self.writer.wait()  # files land in step order
             (self.run.path / "teacher").mkdir(exist_ok=True)
-            save_model_atomic(self.teacher.trainer, self.run.path / "teacher" / f"step_{st.step:06d}")
+            save_model_atomic(self.teacher.trainer, self.run.path / "teacher" / f"step_{self.state.step:06d}")
+
+    def close(self, raise_errors: bool = True) -> None:
+        """Wait for the last checkpoint (re-raising its error unless another is on its way up) and
+        close the reward's executor."""
+        try:
+            self.writer.close(raise_errors)
+        finally:
+            self.reward_fn.close()
 
 
 def _model_cfg(cfg, path: str):
@@ -288,15 +349,21 @@ def _train(cfg, stage, stop) -> dict:
         cfg.inner.replicates if cfg.teacher.reward == "grounded" else 1)
     bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
                disable=not cfg.run.progress)
-    for t in range(loop.state.step, cfg.loop.steps):
-        if stop.requested:
-            break
-        metrics = loop.step(t, bar)
-        metrics_log.log(t + 1, metrics)  # before the checkpoint: a resume truncates rows past it
-        loop.checkpoint()
-        bar.set_postfix(step=t + 1, reward=f"{metrics['teacher/reward_mean']:+.3f}", promotions=len(loop.state.promotions))
+    try:
+        for t in range(loop.state.step, cfg.loop.steps):
+            if stop.requested:
+                break
+            metrics = loop.step(t, bar)
+            metrics_log.log(t + 1, metrics)  # before the checkpoint: a resume truncates rows past it
+            loop.checkpoint(force=stop.requested)
+            bar.set_postfix(step=t + 1, reward=f"{metrics['teacher/reward_mean']:+.3f}",
+                            promotions=len(loop.state.promotions))
+        loop.checkpoint(force=True)  # a stop between steps: the last step's state (a no-op when written)
+    except BaseException:
+        loop.close(raise_errors=False)  # the last finished step's checkpoint still lands
+        raise
     bar.close()
-    loop.reward_fn.close()
+    loop.close()
     stop.exit_if_requested(loop.state.step, cfg.loop.steps)
     summary = {"steps": loop.state.step, "promotions": loop.state.promotions, "pq_size": len(loop.state.pq),
                "hard_set": hard.source, "run_dir": str(run.path)}

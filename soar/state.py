@@ -4,13 +4,19 @@ A checkpoint (``checkpoints/step_N/``, written to a temp folder then renamed) ho
 (step counter, inner-loop length, promotion history and records, PQ, the baseline's hard-train
 correctness) and ``teacher.pt`` (teacher weights, optimiser, scheduler). Promoted students are
 saved in HF format under ``promoted/`` when promoted; the baseline is reloaded from the last one.
+``Background`` writes a checkpoint on a thread while the next step runs (``loop.async_checkpoint``);
+it reads the teacher's live optimiser state, which nothing changes until the next step's teacher
+update, and that waits for the write (``soar.loop.Loop.checkpoint``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -61,3 +67,53 @@ def save_model_atomic(trainer, folder: Path) -> None:
     trainer.save_pretrained(tmp)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
+
+
+def on_cpu(obj):
+    """``obj`` (nested dicts, lists and tuples of tensors and plain values) with every tensor on the
+    CPU: moved off a GPU, CPU tensors as they are (no copy)."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device.type == "cpu" else obj.detach().to("cpu")
+    if isinstance(obj, dict):
+        return {k: on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_cpu(v) for v in obj)
+    return obj
+
+
+class Background:
+    """One job at a time, on a thread (``threaded``) or inline: ``submit`` first waits for the
+    previous job, re-raising its error, so jobs finish in order and none is lost unseen."""
+
+    def __init__(self, threaded: bool, name: str):
+        self.threaded, self.name = threaded, name
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=name) if threaded else None
+        self._future = None
+
+    def submit(self, fn, *args) -> None:
+        self.wait()
+        if self._executor is None:
+            fn(*args)
+        else:
+            self._future = self._executor.submit(fn, *args)
+
+    def wait(self) -> float:
+        """Block until the submitted job is done (re-raising its error); returns the seconds waited."""
+        t0 = time.perf_counter()
+        future, self._future = self._future, None
+        if future is not None:
+            future.result()
+        return time.perf_counter() - t0
+
+    def close(self, raise_errors: bool = True) -> None:
+        """Wait for the last job and stop the thread; ``raise_errors=False`` logs a failed job
+        instead (when another error is already on its way up)."""
+        try:
+            self.wait()
+        except Exception:
+            if raise_errors:
+                raise
+            logging.getLogger("soar").exception("%s: the last background job failed as well", self.name)
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown()

@@ -139,18 +139,19 @@ def micro(tiny_model_dir):
 ], ids=["gold_prob_kl", "sampled_accuracy_chunked", "greedy_accuracy_T0.7"])
 def test_stacked_students_are_the_students_trained_one_by_one(micro, overrides):
     """Six students (3 datasets x 2 replicates, one dataset solved already, so its steps are skipped) trained
-    as one stacked model end where each ends trained alone (soar.students.pool.InProcessStudents): the
-    same rollouts, rewards, skips and metrics, and weights and Q_R scores within the stated tolerance."""
+    as one stacked model end where each ends trained alone (``train_student``, as the in-process executor
+    runs it): the same rollouts, rewards, skips and metrics, and weights and Q_R scores within the stated
+    tolerance."""
     from omegaconf import OmegaConf
 
     from soar.students.batched import BatchedStudents
-    from soar.students.pool import InProcessStudents, StudentRunner, StudentTask, make_students
+    from soar.students.pool import StudentRunner, StudentTask, make_students
 
     cfg, tok, base, grader, datasets, qr = micro
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides + ["student.max_steps=2", "student.lr=1e-3"]))
     tasks = [StudentTask(0, 0, k, j, tuple(d), 2) for k, d in enumerate(datasets) for j in range(2)]
-    alone = InProcessStudents(StudentRunner(OmegaConf.merge(cfg, {"resources": {"batched": False}}), tok, grader,
-                                            ARITH_TEMPLATE)).run(tasks, base, qr)
+    runner = StudentRunner(OmegaConf.merge(cfg, {"resources": {"batched": False}}), tok, grader, ARITH_TEMPLATE)
+    alone = [runner.run(base, task, qr) for task in tasks]  # soar.students.trainer.train_student, one by one
     executor = make_students(OmegaConf.merge(cfg, {"resources": {"batched": True}}), tok, grader, ARITH_TEMPLATE)
     assert isinstance(executor, BatchedStudents)
     together = executor.run(tasks, base, qr)

@@ -110,6 +110,37 @@ def test_sigkill_at_fixed_phases_and_a_random_moment_then_resume_equals_uninterr
     assert comparable_metrics(run_dir) == comparable_metrics(ref_dir)
 
 
+def checkpoints(run_dir) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").glob("step_*") if (p / "DONE").exists())
+
+
+@pytest.mark.slow
+def test_checkpoints_every_two_steps_in_the_background_resume_to_the_uninterrupted_run(reference_run, tiny_model_dir,
+                                                                                       tmp_path):
+    """Issue 49: ``loop.checkpoint_every=2`` with the default background write. A kill before the first
+    checkpoint starts over; one after step 2's write resumes from it; one during step 3's write
+    (files written, no DONE) resumes from step 2 again; the finished run equals the uninterrupted
+    one (which checkpointed every step). ``loop.dump_every=2``: completions in step 2's dump only."""
+    ref_dir, run_dir = reference_run[0], tmp_path / "every2"
+    args = micro_args(tiny_model_dir, run_dir, "loop.checkpoint_every=2", "loop.dump_every=2")
+    for fault, left in (("student:1", []), ("checkpoint_wait:2", ["step_000002"]), ("checkpoint:2", ["step_000002"])):
+        rc, out = run_killed(args, {"SOAR_FAULT": fault})
+        assert rc == -signal.SIGKILL, f"{fault}: expected the injected SIGKILL, got rc={rc}\n{out[-2000:]}"
+        assert checkpoints(run_dir) == left, fault
+    rc, out = run_killed(args)
+    assert rc == 0, out[-3000:]
+    assert checkpoints(run_dir) == ["step_000002", "step_000003"] and checkpoints(ref_dir) == ["step_000002",
+                                                                                               "step_000003"]
+    assert (run_dir / "pq.jsonl").read_bytes() == (ref_dir / "pq.jsonl").read_bytes()
+    assert (run_dir / "promotions.jsonl").read_bytes() == (ref_dir / "promotions.jsonl").read_bytes()
+    assert comparable_metrics(run_dir) == comparable_metrics(ref_dir)
+    assert all(r["time/checkpoint_wait_s"] >= 0 for r in map(json.loads, (run_dir / "metrics.jsonl").open()))
+    dumps = {step: json.loads((run_dir / "steps" / f"step_{step:06d}.json").read_text())["student_completions"]
+             for step in (1, 2, 3)}
+    ref_two = json.loads((ref_dir / "steps" / "step_000002.json").read_text())["student_completions"]
+    assert dumps[1] == dumps[3] == [] and dumps[2] == ref_two and len(ref_two) == 2
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["teacher.datasets=1"], "teacher.datasets"),
     (["teacher.reward=intrinsic"], "promotion.enabled"),

@@ -194,3 +194,72 @@ def test_soar_train_on_the_pool_equals_in_process(tiny_model_dir, tmp_path):
         dump = json.loads((tmp_path / "pool" / "steps" / f"step_{step:06d}.json").read_text())
         students = [s for d in dump["datasets"] for s in d["students"]]
         assert len(students) == 4 and len({s["pid"] for s in students}) == 2 and all(s["node_id"] for s in students)
+        # generated in the worker during the teacher update (issue 49), the same completions
+        alone = json.loads((tmp_path / "in_process" / "steps" / f"step_{step:06d}.json").read_text())
+        assert dump["student_completions"] == alone["student_completions"] and len(alone["student_completions"]) == 2
+
+
+def sized(tiny_model_dir, monkeypatch, *overrides):
+    """arith_micro (g = 2 datasets x r = 2: 4 students a step) on a 64-core machine with ample RAM."""
+    import soar
+    from soar import config
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(config, "_available_ram_gb", lambda: 256.0)
+    return soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", *overrides])
+
+
+def test_workers_beyond_the_students_of_a_step_are_refused(tiny_model_dir, monkeypatch):
+    """Issue 49: 31 workers for the paper's 16 students left 15 GPUs idle the whole run. A worker
+    beyond the step's students never trains one: refused, naming the count that fits."""
+    import soar
+
+    cfg = sized(tiny_model_dir, monkeypatch, "resources.num_workers=5")
+    with pytest.raises(soar.ConfigError, match=r"resources.num_workers: 5 workers for 4 students per step \(teacher"
+                                               r".groups_per_step 1 x teacher.datasets 2 x inner.replicates 2\): 1 "
+                                               r"would never train one; set resources.num_workers=4"):
+        soar.validate(cfg, "train")
+    soar.validate(sized(tiny_model_dir, monkeypatch, "resources.num_workers=8", "teacher.groups_per_step=2"), "train")
+    intrinsic = sized(tiny_model_dir, monkeypatch, "resources.num_workers=2", "teacher.reward=intrinsic",
+                      "promotion.enabled=false")
+    with pytest.raises(soar.ConfigError, match="teacher.reward=intrinsic trains no students"):
+        soar.validate(intrinsic, "train")
+
+
+def test_one_worker_per_student_is_derived_from_the_step(tiny_model_dir, monkeypatch):
+    import soar
+
+    for extra, workers in (([], 4), (["teacher.groups_per_step=2"], 8), (["inner.replicates=3"], 6)):
+        cfg = sized(tiny_model_dir, monkeypatch, "resources.num_workers=${student_tasks:}", *extra)
+        assert cfg.resources.num_workers == workers
+        soar.validate(cfg, "train")
+
+
+def test_a_part_idle_last_round_is_warned_naming_the_count_with_the_same_rounds(tiny_model_dir, monkeypatch, caplog):
+    import soar
+
+    soar.validate(sized(tiny_model_dir, monkeypatch, "resources.num_workers=2"), "train")
+    assert "resources.num_workers" not in caplog.text  # 4 students in 2 full rounds
+    soar.validate(sized(tiny_model_dir, monkeypatch, "resources.num_workers=3"), "train")
+    assert ("3 workers train 4 students per step" in caplog.text and "2 rounds, the last with 1 of them busy (67 %"
+            in caplog.text and "2 workers take the same 2 rounds" in caplog.text)
+
+
+def test_a_pool_that_cannot_hold_its_gpu_shares_is_refused_before_waiting_on_ray(world, ray_local):
+    """The workers' GPU shares are checked against Ray's GPUs before any worker starts (Ray would
+    leave the rest pending for STARTUP_TIMEOUT_S); the message names the count and the share that fit."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    from soar.students.pool import PoolError, StudentPool, gpu_shortfall
+
+    cfg, tok, _, grader, _, _ = world
+    t0 = time.perf_counter()
+    with pytest.raises(PoolError, match="Ray has none: set resources.gpus_per_student=0"):
+        StudentPool(OmegaConf.merge(cfg, {"resources": {"num_workers": 2, "gpus_per_student": 0.5}}), tok, grader)
+    assert time.perf_counter() - t0 < 30
+    assert gpu_shortfall(16, 0.5, 8) is None and gpu_shortfall(32, 1, 32) is None
+    assert gpu_shortfall(16, 1, 7).endswith("use at most 7 workers, or resources.gpus_per_student=0.3333 to put 3 "
+                                            "on each GPU")
+    assert "use at most 8 workers, or resources.gpus_per_student=0.5 to put 2" in gpu_shortfall(16, 1, 8)

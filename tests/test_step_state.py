@@ -117,3 +117,96 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_only_machine(tmp_path):
     assert state.step == 4 and loaded["step"] == 4
     assert loaded["trainable"]["w"].device.type == "cpu"
     assert torch.equal(loaded["trainable"]["w"], teacher_state["trainable"]["w"])
+
+
+def test_a_background_checkpoint_runs_while_the_caller_goes_on_and_reports_its_error_at_the_next_wait(tmp_path, caplog):
+    """``loop.async_checkpoint``: the write runs on a thread while the caller goes on; a failed write
+    is raised at the next ``wait``/``submit`` (the loop's next step waits before its first file and
+    its teacher update), or logged when another error is on its way; inline without a thread.
+    ``on_cpu`` moves GPU tensors off and leaves CPU tensors as they are (no copy)."""
+    import threading
+
+    import torch
+
+    from soar.state import Background, LoopState, on_cpu
+
+    weights, moment = torch.arange(6.0), torch.ones(2)
+    state = {"trainable": {"w": weights}, "optimizer": {"state": {0: {"exp_avg": moment}}}, "step": 1}
+    assert on_cpu(state)["trainable"]["w"] is weights and on_cpu(state)["step"] == 1
+
+    release, writing = threading.Event(), threading.Event()
+
+    def slow_write(folder, teacher_state):
+        writing.set()
+        release.wait(30)
+        LoopState(step=1).save(folder, teacher_state)
+
+    writer = Background(True, "test-checkpoint")
+    writer.submit(slow_write, tmp_path, state)  # returns while the write waits
+    assert writing.wait(30) and not (tmp_path / "teacher.pt").exists()
+    release.set()
+    assert writer.wait() >= 0
+    assert torch.equal(LoopState.load(tmp_path)[1]["optimizer"]["state"][0]["exp_avg"], moment)
+
+    def full_disk():
+        raise OSError(28, "No space left on device")
+
+    writer.submit(full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        writer.submit(print)  # the next job waits for the failed one first
+    writer.submit(full_disk)
+    writer.close(raise_errors=False)
+    assert "test-checkpoint: the last background job failed as well" in caplog.text
+
+    inline, order = Background(False, "inline"), []
+    inline.submit(order.append, 1)
+    assert order == [1]  # async_checkpoint=false: written before submit returns
+
+
+def test_the_teacher_changes_only_after_its_background_checkpoint_is_written(tiny_model_dir, tmp_path, monkeypatch):
+    """The background write reads the teacher's live optimiser state (no copy), so the next step must
+    not update the teacher, nor write a file, before the write is done. Each write is held back until
+    the loop waits for it or the teacher's update is called: the update must find no write in flight."""
+    import threading
+
+    import soar.loop
+    from soar.state import Background
+    from soar.teachers.update import TeacherPolicy
+    from soar.worlds.arith import generate_problems
+
+    in_flight, updates, waits, release = [], [], [], threading.Event()
+    write, update, wait = soar.loop.Loop.write_checkpoint, TeacherPolicy.update, Background.wait
+
+    def held_write(self, st, teacher_state):
+        in_flight.append(st.step)
+        release.wait(60)
+        release.clear()
+        write(self, st, teacher_state)
+        in_flight.remove(st.step)
+
+    def watched_update(self, *args, **kwargs):
+        updates.append(list(in_flight))
+        if in_flight:
+            release.set()  # an update before the wait: let the write go on
+        return update(self, *args, **kwargs)
+
+    def watched_wait(self):
+        if self._future is not None:  # a write under way: the loop waits for it
+            waits.append(self.name)
+            release.set()
+        return wait(self)
+
+    monkeypatch.setattr(soar.loop.Loop, "write_checkpoint", held_write)
+    monkeypatch.setattr(TeacherPolicy, "update", watched_update)
+    monkeypatch.setattr(Background, "wait", watched_wait)
+    hard = tmp_path / "hard.jsonl"
+    hard.write_text("".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer,
+                                        "split": "train" if i < 8 else "test"}) + "\n"
+                            for i, p in enumerate(generate_problems(3, 3, 12, seed=7, prefix="hard"))))
+    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'run'}",
+                        f"loop.hard_set={hard}", "loop.steps=2", "run.progress=false", "loop.diversity_model=null",
+                        "student.max_steps=1", "inner.replicates=1"])
+    soar.train(cfg)
+    assert updates == [[], []]  # no teacher update while a checkpoint was being written
+    assert waits == ["soar-checkpoint", "soar-checkpoint"]  # step 2 waited for step 1's, the end for step 2's
+    assert [p.name for p in sorted((tmp_path / "run" / "checkpoints").glob("step_*"))] == ["step_000001", "step_000002"]

@@ -114,6 +114,77 @@ def test_weight_sync_and_stale_weights_detected(setup):
     assert_agrees(model, tok, gen)
 
 
+def test_in_memory_weight_push_serves_exactly_what_the_disk_push_serves(setup, monkeypatch):
+    """Issue 49: ``backend.vllm.weight_sync=memory`` hands the tensors to the engine's
+    ``reload_weights`` through ``collective_rpc``, writing no file; greedy ids, their log-probs and
+    seeded samples then equal those after the ``save_pretrained``-and-reload push of the same weights.
+    The base model's weights go in between, so a memory push that loaded nothing would fail."""
+    from soar.vllm_backend import VLLMGenerator
+
+    cfg, tok, model, gen = setup
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for prm in changed.parameters():
+            prm.add_(torch.randn_like(prm, generator=torch.Generator().manual_seed(1)) * 0.05)
+    engine, other = gen.engine, VLLMGenerator(gen.engine, changed, tok)
+    requests = [SamplingParams(greedy=True, max_tokens=30, logprobs=True),
+                SamplingParams(n=3, temperature=1.0, max_tokens=30, seed=7, logprobs=True)]
+
+    def served(generator):
+        return [[(s.token_ids, s.logprobs) for s in group] for params in requests
+                for group in generator.generate(PROMPTS, params)]
+
+    assert engine.weight_sync == "memory"  # the default
+    monkeypatch.setattr(engine, "weight_sync", "disk")
+    from_disk = served(other)
+    monkeypatch.setattr(engine, "weight_sync", "memory")
+    base = served(gen)  # the base model's weights, pushed from memory
+    assert base != from_disk
+
+    def no_file(*args, **kwargs):
+        raise AssertionError("a memory push wrote the weights to disk")
+
+    monkeypatch.setattr(changed, "save_pretrained", no_file)
+    other.sync_weights(changed)  # a new version: pushed again, now from memory
+    assert served(other) == from_disk
+    assert_agrees(changed, tok, other)
+
+
+def _weights_seen(weights):  # runs in a spawned process, as vLLM's engine and workers are
+    return [(name, t.dtype, t.sum().item()) for name, t in weights]
+
+
+def test_in_memory_weights_cross_processes_through_one_shared_block_or_fall_back_to_disk(monkeypatch, caplog):
+    """What ``collective_rpc`` pickles is the block's name and layout, not the tensors; another
+    process reads every dtype back exactly; the block is gone after ``release``. A /dev/shm too
+    small for the weights (a container's 64 MB) sends the push through disk, with a warning."""
+    import multiprocessing
+    import pickle
+    from multiprocessing.shared_memory import SharedMemory
+
+    from soar import vllm_backend
+    from soar.vllm_backend import WeightsInMemory, shm_fits
+
+    items = [("a", torch.randn(300, 7)), ("b", torch.randn(5)), ("c", torch.tensor(3.0)), ("d", torch.zeros(0, 4)),
+             ("e", torch.arange(6.0).reshape(2, 3))]
+    for dtype in (torch.float32, torch.bfloat16):  # the engine's dtype: the block holds the cast tensors
+        weights = WeightsInMemory(list(items), dtype).share()
+        assert len(pickle.dumps(weights)) < 1000
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            seen = pool.apply(_weights_seen, (weights,))
+        assert seen == [(name, dtype, t.to(dtype).sum().item()) for name, t in items]
+        if dtype == torch.float32:
+            weights.release()
+    name = weights.block.name
+    weights.release()
+    with pytest.raises(FileNotFoundError):
+        SharedMemory(name=name)
+    assert shm_fits(dict(items), torch.float32)
+    monkeypatch.setattr(vllm_backend, "SHM_DIR", "/nonexistent-shm")
+    monkeypatch.setattr(shm_fits, "warned", False, raising=False)
+    assert not shm_fits(dict(items), torch.float32) and "pushing through a temporary folder instead" in caplog.text
+
+
 def test_lora_adapters_served_with_fresh_names(setup):
     from peft import LoraConfig, get_peft_model
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -55,6 +56,21 @@ STARTUP_TIMEOUT_S = 300
 
 class PoolError(RuntimeError):
     """A student could not be trained (its worker died twice)."""
+
+
+def gpu_shortfall(workers: int, gpus_per_student: float, ray_gpus: float) -> str | None:
+    """Why ``workers`` workers of ``gpus_per_student`` GPUs each cannot all start on ``ray_gpus`` GPUs,
+    naming the worker count and the GPU share that would fit; None when they fit."""
+    need = workers * gpus_per_student
+    if need <= ray_gpus + 1e-9:
+        return None
+    what = f"resources.num_workers: {workers} workers x resources.gpus_per_student {gpus_per_student:g} = {need:g} GPUs"
+    if ray_gpus < 1:
+        return f"{what}, but Ray has none: set resources.gpus_per_student=0 to train on CPU, or give Ray the GPUs"
+    per_gpu = math.ceil(workers / int(ray_gpus))
+    share = math.floor(1e4 / per_gpu) / 1e4  # rounded down: per_gpu shares never exceed one GPU
+    return (f"{what}, but Ray has {ray_gpus:g}: use at most {int(ray_gpus // gpus_per_student)} workers, or "
+            f"resources.gpus_per_student={share:g} to put {per_gpu} on each GPU")
 
 
 @dataclass(frozen=True)
@@ -195,6 +211,9 @@ class StudentWorker:
 class RemoteStudent:
     """Stands in for a trained student's ``RLOOTrainer`` while the student lives in a pool worker."""
 
+    generates_in_worker = True
+    """``generate`` runs in the worker: the driver may work meanwhile (``soar.loop.Loop.start_completions``)."""
+
     def __init__(self, pool: "StudentPool", key, tokenizer):
         self.pool, self.key, self.tokenizer, self._policy = pool, key, tokenizer, None
 
@@ -238,6 +257,7 @@ class StudentPool:
             local = {"include_dashboard": False} if self.res.ray_address is None else {}
             ray.init(address=self.res.ray_address or "local", log_to_driver=False, logging_level=logging.WARNING,
                      **local)
+        self.check_capacity()
         self.cfg_container = OmegaConf.to_container(cfg, resolve=True)
         self.tokenizer_ref = ray.put(tokenizer)
         self.actor_cls = ray.remote(StudentWorker)
@@ -254,6 +274,17 @@ class StudentPool:
             raise PoolError(f"resources.num_workers: {r.num_workers} workers x {r.threads_per_worker} CPUs "
                             f"(+{r.gpus_per_student} GPUs each) did not start within {STARTUP_TIMEOUT_S} s; "
                             f"Ray has {ray.available_resources()} free") from exc
+
+    def check_capacity(self) -> None:
+        """Refuse, before any worker waits on Ray, a pool whose workers cannot all hold their GPU
+        share at once: Ray would start some and leave the rest pending until ``STARTUP_TIMEOUT_S``."""
+        import ray
+
+        message = gpu_shortfall(self.res.num_workers, self.res.gpus_per_student, ray.cluster_resources().get("GPU", 0.0))
+        if message is not None:
+            if self.owns_ray:
+                ray.shutdown()
+            raise PoolError(message)
 
     def spawn(self):
         t = self.res.threads_per_worker
