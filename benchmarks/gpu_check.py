@@ -21,7 +21,7 @@ plan puts above the GPU's memory is skipped and says so (``full_mixed_no_checkpo
 H200 only). JSON is rewritten after every part, so a timeout keeps what finished.
 
     python benchmarks/gpu_check.py --out $OUT/gpu_check.json                       # H100/H200, ~5 min
-    bash scripts/gpu_check_on_device.sh                                            # the device tool's call
+    bash dev/scripts/gpu_check_on_device.sh                                            # the device tool's call
     python benchmarks/gpu_check.py --shape tiny --device cpu --dtype float32 ...   # the CPU smoke (tests)
 """
 

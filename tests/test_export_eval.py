@@ -303,14 +303,15 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
 
 
 def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(micro_run, no_promotion_run, tmp_path):
-    """``scripts/after_promotion.py --against``: the same datasets with the same seeds give a paired
+    """``dev/scripts/after_promotion.py --against``: the same datasets with the same seeds give a paired
     difference of exactly zero; ``--carries`` adds one oracle-answered dataset per carry group, of the
     run's dataset size; ``--dataset-index``/``--from-step`` choose the rows and ``--replay`` retrains the promoted
     dataset; ``--student`` sets every student's inner loop; ``--start`` what they start from; a run without a step
     after the promotion, and a ``--promotion`` the run does not have, are named."""
     from conftest import run_cli
 
-    out, cmd = tmp_path / "after.json", [sys.executable, str(REPO / "scripts" / "after_promotion.py"), str(micro_run)]
+    script = REPO / "dev" / "scripts" / "after_promotion.py"
+    out, cmd = tmp_path / "after.json", [sys.executable, str(script), str(micro_run)]
     run_cli([*cmd, "--against", str(micro_run), "--variants", "as_written", "wrong_corrected", "--carries", "0", "1,2",
              "--dataset-index", "0", "1", "--from-step", "3", "--replay", "--out", str(out)])
     report = json.loads(out.read_text())

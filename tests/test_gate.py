@@ -1,4 +1,4 @@
-"""The world gate's statistics (``scripts/compare_teachers.py``) on hand-made runs, and its oracle
+"""The world gate's statistics (``dev/scripts/compare_teachers.py``) on hand-made runs, and its oracle
 trajectories on a real step dump layout."""
 
 import importlib.util
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent / "dev" / "scripts"
 sys.path.insert(0, str(SCRIPTS))  # its `from frontier import ...`, as when run as a script
 spec = importlib.util.spec_from_file_location("compare_teachers", SCRIPTS / "compare_teachers.py")
 gate_script = importlib.util.module_from_spec(spec)

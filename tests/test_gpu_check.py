@@ -52,11 +52,12 @@ def test_gpu_check_runs_without_vllm_ray_hydra(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_device_script_writes_the_json_and_log(tmp_path):
-    """``scripts/gpu_check_on_device.sh``, the device tool's call, at the tiny shape on CPU (two parts)."""
+    """``dev/scripts/gpu_check_on_device.sh``, the device tool's call, at the tiny shape on CPU (two parts)."""
     import os
 
     env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(REPO)}
-    subprocess.run(["bash", "scripts/gpu_check_on_device.sh", "--shape", "tiny", "--device", "cpu", "--dtype", "bfloat16",
+    subprocess.run(["bash", "dev/scripts/gpu_check_on_device.sh", "--shape", "tiny", "--device", "cpu",
+                    "--dtype", "bfloat16",
                     "--prompt-len", "8", "--completion-len", "16", "--micro-batch", "2", "--gen-batch", "8",
                     "--gen-tokens", "8", "--parts", "generation,logprobs"], cwd=REPO, env=env, check=True, timeout=230)
     res = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -1,5 +1,5 @@
 """The project's import order: an AST walk over every ``.py`` file of the repository (``soar/``,
-``tests/``, ``scripts/``, ``benchmarks/``), every import including those inside functions. No
+``tests/``, ``scripts/``, ``benchmarks/``, ``dev/``), every import including those inside functions. No
 import cycle among the project's modules, and no module of ``soar`` imports from a layer above its
 own (``soar.LAYERS``, written out in ``soar/__init__.py``)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import soar
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("soar", "tests", "scripts", "benchmarks")
+FOLDERS = ("soar", "tests", "scripts", "benchmarks", "dev")
 TOP = max(soar.LAYERS.values()) + 1
 """Layer of the scripts, tests and benchmarks: above the package, importing anything of it."""
 

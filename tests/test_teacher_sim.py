@@ -1,4 +1,4 @@
-"""``scripts/teacher_sim.py`` (the teacher's update against a synthetic, oracle-valued reward) on the
+"""``dev/scripts/teacher_sim.py`` (the teacher's update against a synthetic, oracle-valued reward) on the
 shipped world: ``--value-scale`` puts the values in other units, and ``explained_frac`` is the share
 of the rewards' variance the values carry (all of it without noise)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "teacher_sim.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "dev" / "scripts" / "teacher_sim.py"
 TINY = ["teacher.datasets=4", "teacher.questions_per_dataset=2"]
 
 

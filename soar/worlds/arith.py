@@ -49,7 +49,7 @@ class ArithWorldConfig:
     +0.29 on hard train after 8 RLOO steps, 0 for carry-free controls, +0.06 for the hard set
     itself), the base student fails 288 of 300 12-carry sums 0/128, and the base teacher is right on
     63 % of its pairs (docs/world.md). ``soar-world pretrain`` rebuilds it (~8 minutes on 2 cores) and
-    ``scripts/rebuild_world.py`` checks the rebuild against the shipped copy."""
+    ``dev/scripts/rebuild_world.py`` checks the rebuild against the shipped copy."""
 
     name: str = "arith"
     """The world (``world=arith``); not part of the model's cache key."""
@@ -138,7 +138,7 @@ class ArithWorldConfig:
     """Where to save; None caches under ``~/.cache/soar/worlds/<config hash>``."""
     snapshot_steps: list[int] = field(default_factory=list)
     """Also save the model after these steps, under ``<out>/snapshots/step_N`` (HF format), to measure
-    how the frontier moves during pretraining (``scripts/frontier.py`` on each snapshot)."""
+    how the frontier moves during pretraining (``dev/scripts/frontier.py`` on each snapshot)."""
 
 
 def carry_bits(a: int, b: int, digits: int) -> list[int]:
@@ -239,7 +239,7 @@ def world_hash(wcfg: ArithWorldConfig, seed: int) -> str:
 SHIPPED = Path(__file__).resolve().parent / "shipped"
 """Pretrained world models that ship in the package (``shipped/arith-<hash>/``: weights, tokenizer,
 model card, ``train_info.json``), so ``model.build`` need not pretrain; ``soar-world pretrain``
-rebuilds any of them bit for bit on the same kind of machine (``scripts/rebuild_world.py`` checks)."""
+rebuilds any of them bit for bit on the same kind of machine (``dev/scripts/rebuild_world.py`` checks)."""
 
 
 def world_dir(wcfg: ArithWorldConfig, seed: int) -> Path:
@@ -523,7 +523,7 @@ class ArithWorld(World):
 
     def frontier_report(self, cfg, model_path: str | Path) -> dict:
         """The pretraining record of a world model: steps, whether it stopped at the frontier, and
-        greedy / T=1 accuracy by carry count (``scripts/frontier.py`` measures the full frontier:
+        greedy / T=1 accuracy by carry count (``dev/scripts/frontier.py`` measures the full frontier:
         fail@k, stepping-stone gains, the base teacher)."""
         info = json.loads((Path(model_path) / "train_info.json").read_text())
         return {k: info.get(k) for k in ("steps", "stopped_at_frontier", "accuracy_by_carries")}

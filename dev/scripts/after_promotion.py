@@ -2,7 +2,7 @@
 after the promotion, as written and with the teacher's wrong answers removed or corrected by the
 world's answer oracle (a measurement only; the oracle never enters the loop). Writes JSON.
 
-    python scripts/after_promotion.py runs/arith --out benchmarks/results/after_promotion.json
+    python dev/scripts/after_promotion.py runs/arith --out dev/results/after_promotion.json
 
 For each of ``--datasets`` datasets from the step dumps after the first promotion, ``--students``
 students per variant start from the promoted student and train with the run's inner-loop settings
@@ -25,7 +25,7 @@ as written, with the same seeds: two teachers' datasets scored against one promo
 Base-T as OTHER_RUN (its frozen teacher is the untrained one) this is the paired comparison the
 loop's own rewards cannot make once only one of the two runs has promoted:
 
-    python scripts/after_promotion.py runs/gate/grounded_s0 --against runs/gate/base_s0 \
+    python dev/scripts/after_promotion.py runs/gate/grounded_s0 --against runs/gate/base_s0 \
         --variants as_written --datasets 12 --out after_promotion_s0.json
 
 ``--from-step 28 --datasets 13`` takes the steps of a 40-step gate's last third instead of the first ones
@@ -49,7 +49,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from frontier import icc, mean_se  # scripts/frontier.py: run as a script, scripts/ is on sys.path
+from frontier import icc, mean_se  # dev/scripts/frontier.py: run as a script, scripts/ is on sys.path
 
 VARIANTS = ("as_written", "wrong_removed", "wrong_corrected")
 

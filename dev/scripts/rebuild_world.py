@@ -1,9 +1,9 @@
 """Rebuild a packaged world model from scratch and compare it with the copy the package ships: the
 weights' SHA-256 and the accuracy table of its model card. Writes JSON (time, hashes, tables).
 
-    python scripts/rebuild_world.py                      # the default world (experiment=arith)
-    python scripts/rebuild_world.py --ship               # (maintainers) put the rebuilt model in the package
-    python scripts/rebuild_world.py -- world.seed=1      # any other world, by overrides
+    python dev/scripts/rebuild_world.py                      # the default world (experiment=arith)
+    python dev/scripts/rebuild_world.py --ship               # (maintainers) put the rebuilt model in the package
+    python dev/scripts/rebuild_world.py -- world.seed=1      # any other world, by overrides
 
 The rebuild runs ``soar-world pretrain``'s code into a temporary folder (never the cache), so it
 always pretrains. On the kind of machine the shipped copy came from (2 x86-64 cores, torch 2.13
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # dev/results
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "README.md", "train_info.json")
 

@@ -4,13 +4,13 @@
 # and in pure bf16; LoRA with fp32 and bf16 adapters; micro-batch 8 through the chunked log-probs and
 # the full logits; the memory plan's prediction beside every measured peak. The image's torch,
 # transformers and peft are all it needs (no wheels to carry, nothing downloaded):
-#   device run: bash scripts/gpu_check_on_device.sh          (timeout_s 540; no carry)
+#   device run: bash dev/scripts/gpu_check_on_device.sh          (timeout_s 540; no carry)
 # It writes $OUT/gpu_check.json (benchmarks/results/gpu_check.json without $OUT) and $OUT/gpu_check.log;
 # commit the JSON as benchmarks/results/gpu_check_<h100|h200>.json. Extra arguments go to gpu_check.py
 # (e.g. --parts generation,logprobs to rerun two parts). Each part writes the JSON when it ends, and
 # the run stops itself after GPU_CHECK_SECONDS (default 470) so that what finished comes back.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"

@@ -1,8 +1,8 @@
 """Measure the embedded world's learnability frontier (the criteria of the world's design) and write
 ``frontier.json``. A long run (tens of minutes on 2 cores), not CI.
 
-    python scripts/frontier.py --out runs/frontier
-    python scripts/frontier.py --out runs/frontier_b --overrides world.pretrain_carry_weights=[0.6,0.25,0.15]
+    python dev/scripts/frontier.py --out runs/frontier
+    python dev/scripts/frontier.py --out runs/frontier_b --overrides world.pretrain_carry_weights=[0.6,0.25,0.15]
 
 Measures: base greedy accuracy by carry count; fail@k counts on the hard pool; inner-loop gains on
 hard train/test for the stepping-stone (S), control (C) and Hard-Only (H) families (mean ± s.e.

@@ -3,16 +3,16 @@ seeds each of Grounded-T (SOAR), Intrinsic-T and Base-T, then fresh students on 
 SOAR-PS, sampled Grounded-T / Intrinsic-T / Base-T questions and the oracle (stepping-stone
 problems), aggregated to mean ± SD per method and k, with plots (``soar-report``).
 
-    python scripts/compare_methods.py --out runs/methods --seeds 0 1 2
-    python scripts/compare_methods.py --out runs/methods_smoke --smoke      # arith_micro, ~3 minutes
-    python scripts/compare_methods.py --out runs/methods --seeds 0 1 2 -- loop.steps=30   # extra overrides
-    python scripts/compare_methods.py --out runs/methods --gate runs/gate     # reuse the gate's runs
-    python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ   # PQ vs Hard-Only only
-    python scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ "Base-T PQ"  # + Base-T PQ
-    python scripts/compare_methods.py --out runs/ps --gate runs/gate --rows Hard-Only SOAR-PS "Base-T PS"  # PS rows
+    python dev/scripts/compare_methods.py --out runs/methods --seeds 0 1 2
+    python dev/scripts/compare_methods.py --out runs/methods_smoke --smoke      # arith_micro, ~3 minutes
+    python dev/scripts/compare_methods.py --out runs/methods --seeds 0 1 2 -- loop.steps=30   # extra overrides
+    python dev/scripts/compare_methods.py --out runs/methods --gate runs/gate     # reuse the gate's runs
+    python dev/scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ   # PQ vs Hard-Only only
+    python dev/scripts/compare_methods.py --out runs/pq --gate runs/gate --rows Hard-Only SOAR-PQ "Base-T PQ"  # + Base-T PQ
+    python dev/scripts/compare_methods.py --out runs/ps --gate runs/gate --rows Hard-Only SOAR-PS "Base-T PS"  # PS rows
 
-With ``--gate DIR`` (a ``scripts/compare_teachers.py`` output) the hard set and the Grounded-T and
-Base-T runs are the gate's, and ``benchmarks/results/soar_world.json`` gets the verdict keys next to
+With ``--gate DIR`` (a ``dev/scripts/compare_teachers.py`` output) the hard set and the Grounded-T and
+Base-T runs are the gate's, and ``dev/results/soar_world.json`` gets the verdict keys next to
 the report: ``gt_minus_bt_last_third`` and ``promotions`` per seed (from the gate) and
 ``pq_minus_hard_only_pass32`` (mean, combined standard error, seeds).
 
@@ -41,9 +41,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from frontier import mean_se  # scripts/frontier.py: run as a script, scripts/ is on sys.path
+from frontier import mean_se  # dev/scripts/frontier.py: run as a script, scripts/ is on sys.path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # the report step imports soar in this process, installed or not
 STAGES = {"soar-world": "world_main", "soar-filter": "filter_main", "soar-train": "train_main",
           "soar-export": "export_main", "soar-eval": "eval_main"}
@@ -237,7 +237,7 @@ def main() -> None:
                  "gate": {k: v for k, v in gate_report.items() if k != "runs"}, "report": summary}
         (out / "soar_world.json").write_text(json.dumps(world, indent=1))
         if not args.smoke:
-            (REPO / "benchmarks" / "results" / "soar_world.json").write_text(json.dumps(world, indent=1))
+            (REPO / "dev" / "results" / "soar_world.json").write_text(json.dumps(world, indent=1))
     print(markdown_table(agg))
     print(json.dumps({"verdict_at": key, **verdict, "minutes": round(summary["minutes"], 1)}, indent=1))
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The world gate (scripts/compare_teachers.py: 3 seeds x Grounded-T and Base-T, 6 runs at once with
+# The world gate (dev/scripts/compare_teachers.py: 3 seeds x Grounded-T and Base-T, 6 runs at once with
 # 2 threads each) on a 16-core GPU host of the device tool, which has torch, transformers and peft
 # but no hydra, omegaconf, datasets or math-verify. Prepare the wheels here, then run it there:
 #   bash ../shared/tools/device-wheels.sh                              # fills .whl/ (once)
-#   device run: bash scripts/gate_on_device.sh   carry=[".whl"]        # results under $OUT
+#   device run: bash dev/scripts/gate_on_device.sh   carry=[".whl"]        # results under $OUT
 # Extra arguments go to compare_teachers.py (e.g. --steps 60 --variants grounded base -- world.seed=1).
 # Environment:
 #   HARD_SET=dir      a prebuilt hard set (a compare_teachers.py --out folder's hard_set, carried
@@ -18,14 +18,14 @@
 # Measured 2026-12-04 (H200 host, g=16 datasets): 42-44 s per outer step with the 6 runs at once, so a
 # 15-minute lease runs about 17 of a 40-step gate's steps; with g=8 and 3 runs, 6.6-7.5 s (2026-11-30).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/device_site.sh
+cd "$(dirname "$0")/../.."
+source dev/scripts/device_site.sh
 gate="${GATE_DIR:-$([[ -n "${OUT:-}" ]] && echo /tmp/gate || echo runs/gate)}"
 mkdir -p "$gate"
 if [[ -n "${HARD_SET:-}" && ! -e "$gate/hard_set" ]]; then cp -r "$HARD_SET" "$gate/hard_set"; fi
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null || true
 t0=$SECONDS
-setsid python3 scripts/compare_teachers.py --out "$gate" --parallel 6 --threads 2 "$@" > "$gate/gate.log" 2>&1 &
+setsid python3 dev/scripts/compare_teachers.py --out "$gate" --parallel 6 --threads 2 "$@" > "$gate/gate.log" 2>&1 &
 pid=$!
 while kill -0 "$pid" 2>/dev/null; do
   sleep 10

@@ -1,10 +1,10 @@
 """The world-selection gate: Grounded-T against Base-T in the loop itself, paired by seed, for one
 candidate world (a set of overrides). A long run (hours on 2 cores, minutes on a 16-core GPU host),
-not CI; writes ``gate.json`` and, with ``--name``, ``benchmarks/results/world_gate_<name>.json``.
+not CI; writes ``gate.json`` and, with ``--name``, ``dev/results/world_gate_<name>.json``.
 
-    python scripts/compare_teachers.py --out runs/gate --name arith --seeds 0 1 2
-    python scripts/compare_teachers.py --out runs/gate_plan --name plan -- world.teacher_carries=plan ...
-    python scripts/compare_teachers.py --out runs/gate --parallel 6 --threads 2    # a 16-core host
+    python dev/scripts/compare_teachers.py --out runs/gate --name arith --seeds 0 1 2
+    python dev/scripts/compare_teachers.py --out runs/gate_plan --name plan -- world.teacher_carries=plan ...
+    python dev/scripts/compare_teachers.py --out runs/gate --parallel 6 --threads 2    # a 16-core host
 
 One fail@k hard set is built first and shared by every run (``loop.hard_set``). For each seed it
 runs ``soar-train experiment=arith`` (``--experiment``) as Grounded-T; as Base-T, the same loop with a frozen teacher
@@ -25,7 +25,7 @@ Grounded-T's last-third mean beats Base-T's in at least 2 of 3 seeds (a majority
 paired difference (every last-third step of every seed, Grounded-T minus Base-T at the same seed
 and step) exceeds 2 standard errors. ``seeds_promotions_differ`` lists the seeds whose two runs were
 promoted a different number of times: their last thirds compare rewards against baselines of
-different strength, which ``scripts/after_promotion.py GT_RUN --against BT_RUN`` removes (both
+different strength, which ``dev/scripts/after_promotion.py GT_RUN --against BT_RUN`` removes (both
 teachers' datasets trained from the same promoted student).
 """
 
@@ -41,9 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from frontier import mean_se  # scripts/frontier.py: run as a script, scripts/ is on sys.path
+from frontier import mean_se  # dev/scripts/frontier.py: run as a script, scripts/ is on sys.path
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # dev/results
 VARIANTS = {"grounded": [], "base": ["teacher.frozen=true"],
             "base_fixed": ["teacher.frozen=true", "promotion.enabled=false"]}
 """Grounded-T; Base-T, the same loop with a frozen teacher (it promotes by the same rule, so its
@@ -173,7 +173,7 @@ def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/gate")
-    ap.add_argument("--name", help="also write benchmarks/results/world_gate_<name>.json")
+    ap.add_argument("--name", help="also write dev/results/world_gate_<name>.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--experiment", default="arith", help="the preset the overrides apply to")
     ap.add_argument("--steps", type=int, default=40, help="outer steps per run (loop.steps)")

@@ -4,8 +4,8 @@ synthetic one, the mean of a per-question value read off the world's answer orac
 stands in for the students' own randomness. A measurement tool (the oracle never enters the loop), minutes
 on 2 cores instead of hours, not CI; writes JSON.
 
-    python scripts/teacher_sim.py --out sim.json -- teacher.temperature=0.7 teacher.kl_coef=0.1
-    python scripts/teacher_sim.py --noise 2.0 --out sim_g16.json -- teacher.datasets=16 teacher.questions_per_dataset=8
+    python dev/scripts/teacher_sim.py --out sim.json -- teacher.temperature=0.7 teacher.kl_coef=0.1
+    python dev/scripts/teacher_sim.py --noise 2.0 --out sim_g16.json -- teacher.datasets=16 teacher.questions_per_dataset=8
 
 The value of a question is what a whole dataset of its kind adds to a *promoted* student's hard-train gold
 log-probability (nats, measured 2026-12-01: retraining the tau=1 gate's promoted student on 32 oracle-answered
@@ -21,7 +21,7 @@ signal-to-noise: the loop's preset scores gold probability (within-step SD of da
 and there the datasets' carry bands and right answers explain about 7 % of that variance, far less than
 above. Each step's ``explained_frac`` is the share of its rewards' variance that the values carry:
 
-    python scripts/teacher_sim.py --steps 40 --value-scale 0.0075 --noise 0.024 --out calibrated.json
+    python dev/scripts/teacher_sim.py --steps 40 --value-scale 0.0075 --noise 0.024 --out calibrated.json
 """
 
 from __future__ import annotations
