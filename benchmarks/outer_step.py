@@ -58,6 +58,8 @@ class StepTimers:
             if opens_step and not self.stack:
                 self.cells.clear()  # drop setup time (model loads, hard set) and start the step
                 self.step_start = time.perf_counter()
+            if closes_step and not self.stack and self.step_start is None:
+                return original(*args, **kwargs)  # the run's last checkpoint call, after its last step: no step
             frame = [phase or (self.stack[-1][0] if self.stack else "outside"), kind, time.perf_counter(), 0.0]
             self.stack.append(frame)
             try:
@@ -75,7 +77,7 @@ class StepTimers:
         self._patched.append((owner, name, original if own else None))
 
     def _close_step(self) -> None:
-        total = time.perf_counter() - self.step_start
+        total, self.step_start = time.perf_counter() - self.step_start, None
         cells = dict(self.cells)
         cells[("loop_other", "other")] = cells.get(("loop_other", "other"), 0.0) + total - sum(cells.values())
         self.steps.append({"total_s": total, "cells": cells})

@@ -30,7 +30,7 @@ Python API (lazy imports keep ``import soar`` fast)::
 __version__ = "0.1.0"
 
 LAYERS: dict[str, int] = {
-    "soar.config": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0,
+    "soar.config": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0, "soar.stats": 0,
     "soar.grading": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
     "soar.vllm_backend": 1, "soar.run": 1, "soar.rundata": 1, "soar.state": 1, "soar.diversity": 1,
     "soar.stage": 1, "soar.tokens": 1, "soar.memory_plan": 1, "soar.worlds": 1, "soar.worlds.base": 1,
