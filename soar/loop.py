@@ -40,7 +40,7 @@ from soar.generation import SamplingParams, make_generator
 from soar.grading import make_grader
 from soar.models import load_model, model_context
 from soar.prepare import setup_train
-from soar.run import MetricsLogger
+from soar.run import MetricsLogger, outer_step_line
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
@@ -344,7 +344,8 @@ def run_train(cfg) -> dict:
 def _train(cfg, stage, stop) -> dict:
     run, hard = stage.run, setup_train(cfg, stage)
     loop = Loop(cfg, run, stage.tokenizer, stage.model, hard)
-    metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None)
+    metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None,
+                                console_line=lambda step, metrics: outer_step_line(step, metrics, cfg))
     per_step = cfg.teacher.groups_per_step * cfg.teacher.datasets * (
         cfg.inner.replicates if cfg.teacher.reward == "grounded" else 1)
     bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
