@@ -22,6 +22,7 @@ them to Hydra, the one place ``sys.argv`` is set.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 import warnings
@@ -64,16 +65,20 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
     """Run ``stage_fn`` under Hydra on ``args`` (default: the command line) composed onto
     ``conf/<config_name>.yaml``. A user or environment error (bad config, data, run dir, a full
     disk) prints one line, ``soar: ...``, and exits 2; a traceback is printed only for bugs, or for
-    every error with ``--verbose`` or ``HYDRA_FULL_ERROR=1``."""
+    every error with ``--verbose`` or ``HYDRA_FULL_ERROR=1``. ``--verbose`` also shows soar's DEBUG
+    logs (as Hydra's ``hydra.verbose=soar`` does): every metric of each ``soar-train`` step, not one line."""
     register_configs()
     # conf/hydra/launcher/submitit_slurm.yaml lists every field of the plugin's schema of that name
     warnings.filterwarnings("ignore", message="(?s).*is validated against ConfigStore schema", category=UserWarning)
     args = sys.argv[1:] if args is None else args
     verbose = "--verbose" in args or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    debug_logs = "--verbose" in args
     sys.argv = [sys.argv[0], *rewrite_shortcuts([a for a in args if a != "--verbose"])]  # hydra.main reads argv
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name=config_name)
     def _run(cfg) -> None:
+        if debug_logs:  # after Hydra has configured logging (as hydra.verbose=soar would)
+            logging.getLogger("soar").setLevel(logging.DEBUG)
         try:
             stage_fn(cfg)
         except Exception as exc:

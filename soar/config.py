@@ -329,8 +329,8 @@ class TeacherConfig(PolicyConfig):
     max_attempts_factor: float = 16.0
     """Rejection-sampling cap: at most this many times g*n*groups completions per step; hitting it
     is an error naming the step and the valid fraction (the paper states no cap)."""
-    max_steps: int = 200
-    """Teacher optimiser steps = outer steps (the cosine horizon; paper T=200)."""
+    max_steps: int = "${loop.steps}"  # an OmegaConf interpolation (omegaconf.II), resolved on access
+    """Teacher optimiser steps, the cosine horizon: one per outer step, ``loop.steps`` (paper: T=200)."""
     warmup_steps: int = 20
     """Teacher warm-up steps (paper: 20)."""
     max_tokens: int = 512

@@ -41,7 +41,7 @@ from soar.policy.scores import problem_scores
 from soar.policy.trainer import SyncError
 from soar.prepare import setup_train
 from soar.rewards import as_problems, make_teacher_reward, merge_group_metrics, student_tasks_per_step
-from soar.run import MetricsLogger
+from soar.run import MetricsLogger, outer_step_line
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
@@ -244,7 +244,8 @@ def run_train(cfg) -> dict:
 def _train(cfg, stage, stop) -> dict:
     run, hard = stage.run, setup_train(cfg, stage)
     loop = Loop(cfg, run, stage.tokenizer, stage.model, hard)
-    metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None)
+    metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None,
+                                console_line=lambda step, metrics: outer_step_line(step, metrics, cfg))
     per_step = student_tasks_per_step(cfg) or cfg.teacher.groups_per_step * cfg.teacher.datasets  # bar: students or datasets
     bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
                disable=not cfg.run.progress)

@@ -23,6 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+WORLD_RECIPE = ["student.questions_per_step=32", "student.group_size=8", "student.lr=1e-4", "student.max_tokens=24",
+                "student.max_steps=20", "student.micro_batch_size=256", "teacher.prompt=${world.teacher_prompt}",
+                "teacher.questions_per_dataset=32", "teacher.lr=1e-4", "teacher.warmup_steps=3", "teacher.max_tokens=96",
+                "teacher.micro_batch_size=128"]
+"""The world's own student and teacher recipe, which these measurements use (the conf/student/arith.yaml
+and conf/teacher/arith.yaml of before issue 51; experiment=arith tunes it further)."""
+
 _WORKER: dict = {}
 
 
@@ -133,7 +140,7 @@ def main() -> None:
     from soar.worlds.arith import family_problems, pretrain, write_families
     from soar.worlds.base import get_world
 
-    overrides = ["data=arith", "data.path=unused", "student=arith", "teacher=arith", *args.overrides]
+    overrides = ["data=arith", "data.path=unused", *WORLD_RECIPE, *args.overrides]
     cfg = soar.compose(overrides + [f"filter.k={args.k}", "filter.max_tokens=24", "filter.problems_per_batch=4"])
     wcfg = get_world("arith").config(cfg)
     out = Path(args.out)
