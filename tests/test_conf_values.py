@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from soar.config import conf_dir, register_configs
+from soar.hydra_config import conf_dir, register_configs
 
 ROOTS = {"config.yaml": "config", "train.yaml": "train"}
 """Primary configs and the config name they are composed as."""
