@@ -27,19 +27,29 @@ def strip_time(rows):
 
 
 def test_reward_rises_on_trained_questions(tiny_model_dir, rl_questions, tmp_path):
-    run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "run", steps=10))
-    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    before = rows[0]["eval/accuracy"]
-    after = rows[-1]["eval/accuracy"]
-    assert [r["step"] for r in rows] == list(range(0, 11))
-    assert after >= before + 0.15, (before, after)  # measured here: 0.31 -> 0.56
-    rewards = [r["student/reward_mean"] for r in rows[1:]]
-    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 - 5  # sampled reward does not collapse
-    final = tmp_path / "run" / "final"
+    """Greedy accuracy on the 16 trained questions rises by at least 0.15 over 10 steps, the seed as the
+    unit: the mean over seeds 0-2, each seed at least where it started. One seed's 16 greedy answers move
+    by sampling luck alone (seed 0: 0.5 -> 1.0 with torch's multinomial sampler, 0.5 -> 0.625 with the
+    inverse-CDF one, same distribution; seeds 0-2 now gain 0.125, 0.31, 0.31)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    runs = {seed: tmp_path / f"run_s{seed}" for seed in (0, 1, 2)}
+    procs = [subprocess.Popen(rl_args(tiny_model_dir, rl_questions, run, steps=10, extra=[f"seed={seed}"]), env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for seed, run in runs.items()]
+    for p in procs:
+        assert p.wait(timeout=400) == 0, p.stderr.read()[-3000:]
+    gains = {}
+    for seed, run in runs.items():
+        rows = read_metrics(run / "metrics.jsonl")
+        assert [r["step"] for r in rows] == list(range(0, 11))
+        gains[seed] = rows[-1]["eval/accuracy"] - rows[0]["eval/accuracy"]
+        rewards = [r["student/reward_mean"] for r in rows[1:]]
+        assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 - 5  # sampled reward does not collapse
+    assert min(gains.values()) >= 0 and sum(gains.values()) / len(gains) >= 0.15, gains
+    final = runs[0] / "final"
     assert (final / "config.json").exists() and (final / "tokenizer.json").exists()
-    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    meta = json.loads((runs[0] / "meta.json").read_text())
     assert meta["stage"] == "rl" and "torch" in meta["versions"]
-    assert "group_size: 8" in (tmp_path / "run" / "config.yaml").read_text()
+    assert "group_size: 8" in (runs[0] / "config.yaml").read_text()
 
 
 def test_lora_trains_and_saves_adapter(tiny_model_dir, rl_questions, tmp_path):

@@ -155,7 +155,7 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients(kind):
 
 
 MEMORY_SCRIPT = """
-import resource, sys, torch
+import sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from soar.policy.rloo import full_token_logprobs, token_logprobs
 torch.manual_seed(0)
@@ -163,8 +163,11 @@ model = LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=64, intermed
                                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True))
 ids = torch.randint(0, 128256, (2, 513))
 attn = torch.ones_like(ids)
-def peak_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def peak_mb():  # VmHWM: this process's own peak RSS (ru_maxrss would start at the forking parent's RSS)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 def step(fn, **kw):
     logp = fn(model, ids, attn, temperature=0.9, **kw)
     logp.sum().backward()
@@ -183,7 +186,8 @@ def test_chunked_logprobs_bound_peak_memory_at_llama3_vocabulary():
     525 MB: the chunked forward/backward (2^22 logits = 16 MB a chunk) grows the peak by under 150 MB
     (measured: 82 MB, one-off allocations such as the tied embedding's 33 MB gradient included), while
     the full-logits path (the only one before the fix) grows it by over one copy (measured: 1412 MB).
-    Peak RSS of a fresh process (ru_maxrss). A fixed malloc mmap threshold
+    Peak RSS of a fresh process (VmHWM: ``ru_maxrss`` survives exec, so in a child of a large pytest
+    process, e.g. one holding a vLLM engine, it starts above both peaks and reads 0). A fixed malloc mmap threshold
     returns every large block to the system when freed: glibc's adaptive one keeps freed blocks of up
     to 32 MB in the heap, which grew the peak RSS by ~600 MB of free memory here."""
     import os
