@@ -30,11 +30,12 @@ pytestmark = pytest.mark.timeout(300)
 LLAMA_3B = Path(__file__).parent / "data" / "llama3.2-3b"
 """Llama-3.2-3B(-Instruct)'s config.json as published (shape only)."""
 
-LAYOUT_4X8_H100 = ["backend=hf", "resources.num_workers=16", "resources.gpus_per_student=1",
+LAYOUT_4X8_H100 = ["backend=hf", "teacher.groups_per_step=2", "resources.num_workers=31", "resources.gpus_per_student=1",
                    "student.micro_batch_size=8", "teacher.micro_batch_size=8", "student.gradient_checkpointing=true",
                    "teacher.gradient_checkpointing=true", "backend.batch_size=64", "resources.gpu_memory_gb=79"]
-"""docs/paper_setting.md's 4 x 8 H100 layout: the driver and 16 student workers, a GPU each."""
-LAYOUT_1X8_H200 = [*LAYOUT_4X8_H100[:1], "resources.num_workers=7", *LAYOUT_4X8_H100[2:-1], "resources.gpu_memory_gb=139"]
+"""docs/paper_setting.md's 4 x 8 H100 layout: the driver apart (it cannot also hold a full-FT student on an H100) and 31
+student workers, a GPU each, for the 32 students of two groups a step."""
+LAYOUT_1X8_H200 = [*LAYOUT_4X8_H100[:1], "resources.num_workers=7", *LAYOUT_4X8_H100[3:-1], "resources.gpu_memory_gb=139"]
 """docs/paper_setting.md's 1 x 8 H200 layout: the driver and 7 student workers (3 students each)."""
 LAYOUT_1X8_H100_LORA = [*LAYOUT_1X8_H200[:-1], "resources.gpu_memory_gb=79", "student.lora.r=16"]
 """docs/paper_setting.md's 1 x 8 H100 layout with LoRA r = 16 students (adapters on the shared baseline)."""
