@@ -23,8 +23,8 @@ from soar.filters.failk import (
     read_manifest_rows,
     split_hard,
 )
-from soar.stage import Stage, resolve_model_path  # noqa: F401  (resolve_model_path: re-exported)
-from soar.worlds.base import resolve_hook
+from soar.stage import Stage
+from soar.worlds.base import build_pool_hook
 
 log = logging.getLogger("soar.prepare")
 
@@ -61,7 +61,7 @@ def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> Ha
         if not (folder / "summary.json").exists():
             path = cfg.data.path
             if not path:
-                path = resolve_hook(cfg, "data.build")(cfg, run_path / "problems")
+                path = build_pool_hook(cfg, run_path / "problems")
             filter_to_hard_set(cfg, load_problems(cfg.data, str(path)), model, tokenizer, folder, progress)
         train, test = read_hard_split(cfg, folder)
         source = str(folder)

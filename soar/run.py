@@ -170,11 +170,35 @@ class RunDir:
         self._lock_fh.close()
 
 
-class MetricsLogger:
-    """``metrics.jsonl`` always; console, wandb and tensorboard by ``run.loggers``."""
+def outer_step_line(step: int, metrics: dict[str, Any], cfg) -> str:
+    """An outer step of ``soar-train`` as one console line: the dataset rewards (mean and best over
+    the step's datasets, in ``inner.reward_metric``'s units), the teacher's valid fraction and, where
+    the world has an answer oracle, the share of its answers that are right, the moving average
+    against tau, promotions so far and the step's wall time, e.g.
 
-    def __init__(self, run: RunDir, resume_step: int | None = None):
+        step 2/3 | reward mean +0.0625 best +0.1250 | teacher valid 0.75, answers right 0.25 |
+        moving avg -0.0781 vs tau -1 | promotions 1 | 107.5 s
+    """
+    teacher = f"teacher valid {metrics['teacher/valid_frac']:.2f}"
+    if "teacher/answer_correct_frac" in metrics:
+        teacher += f", answers right {metrics['teacher/answer_correct_frac']:.2f}"
+    average = metrics["promotion/moving_average"]  # None while the window fills (and after a reset)
+    promotion = (f"moving avg {'-' if average is None else format(average, '+.4f')} vs tau {cfg.promotion.tau:g}"
+                 if cfg.promotion.enabled else "promotion off")
+    return " | ".join([
+        f"step {step}/{cfg.loop.steps}",
+        f"reward mean {metrics['teacher/reward_mean']:+.4f} best {metrics['teacher/reward_max']:+.4f}",
+        teacher, promotion, f"promotions {metrics['promotion/count']}", f"{metrics['time/step_wall_s']:.1f} s"])
+
+
+class MetricsLogger:
+    """``metrics.jsonl`` always; console, wandb and tensorboard by ``run.loggers``. On the console a
+    step is ``console_line(step, metrics)`` where one is given (the outer loop's ``outer_step_line``),
+    with every metric at DEBUG level (``--verbose`` shows them); without one, every metric at INFO."""
+
+    def __init__(self, run: RunDir, resume_step: int | None = None, console_line=None):
         self.path = run.path / "metrics.jsonl"
+        self.console_line = console_line
         self.sinks = list(dict.fromkeys(["jsonl", *run.cfg.run.loggers]))
         self._truncate(resume_step)
         self._fh = open(self.path, "a")
@@ -211,9 +235,13 @@ class MetricsLogger:
         self._fh.write(json.dumps(row, default=float) + "\n")
         self._fh.flush()
         if "console" in self.sinks:
-            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                             for k, v in metrics.items() if not k.startswith("time/"))
-            log.info("step %d %s", step, shown)
+            level = logging.INFO if self.console_line is None else logging.DEBUG
+            if log.isEnabledFor(level):
+                shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in metrics.items() if not k.startswith("time/"))
+                log.log(level, "step %d %s", step, shown)
+            if self.console_line is not None:
+                log.info("%s", self.console_line(step, metrics))
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
         if self._tb is not None:

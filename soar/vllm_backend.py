@@ -30,12 +30,13 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from soar import config  # config._available_ram_gb at call time (tests patch it)
+from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
 from soar.config import ConfigError
 from soar.memory_plan import VLLM_OVERHEAD_GIB, vllm_memory_fraction
 from soar.models import export_policy, is_peft
@@ -100,8 +101,6 @@ class WeightsInMemory:
         return iter(self.items)
 
     def share(self) -> "WeightsInMemory":
-        from multiprocessing.shared_memory import SharedMemory
-
         self.layout, offset = [], 0
         for name, t in self.items:
             offset = -(-offset // self.ALIGN) * self.ALIGN
@@ -128,8 +127,6 @@ class WeightsInMemory:
         return {"name": self.block.name, "layout": self.layout}
 
     def __setstate__(self, state: dict) -> None:
-        from multiprocessing.shared_memory import SharedMemory
-
         # The engine's processes share the sender's resource tracker (multiprocessing children), so
         # attaching re-registers the block there and the sender's unlink clears it.
         self.block, self.layout = SharedMemory(name=state["name"]), state["layout"]
@@ -149,7 +146,7 @@ def cpu_kv_cache_gb(vcfg) -> int:
     else half the memory available now within [1, 4]. A size the machine cannot hold is a
     ``ConfigError`` saying what to set, raised before the engine starts (vLLM would fail later with a
     long traceback from its worker process)."""
-    available = config._available_ram_gb()
+    available = memory_plan.available_ram_gb()
     explicit = vcfg.kv_cache_gb
     if explicit is None and _USER_KV_CACHE:
         explicit = int(_USER_KV_CACHE)
@@ -259,7 +256,7 @@ class EngineStartError(RuntimeError):
 def _start_failure(model_path: str, on_cpu: bool, exc: Exception) -> str:
     what = " ".join(f"{type(exc).__name__}: {exc}".split())
     if on_cpu:
-        available = config._available_ram_gb()
+        available = memory_plan.available_ram_gb()
         memory = f"{available:.1f} GiB" if available is not None else "unknown"
         hint = (f"if its log above says 'Available memory on node', memory is short ({memory} available, KV cache "
                 f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB): lower backend.vllm.kv_cache_gb or use backend=hf")
