@@ -3,7 +3,6 @@ trajectories on a real step dump layout."""
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
