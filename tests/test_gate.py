@@ -3,14 +3,12 @@ trajectories on a real step dump layout."""
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "dev" / "scripts"
-sys.path.insert(0, str(SCRIPTS))  # its `from frontier import ...`, as when run as a script
 spec = importlib.util.spec_from_file_location("compare_teachers", SCRIPTS / "compare_teachers.py")
 gate_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gate_script)
@@ -29,22 +27,41 @@ def test_last_third_is_the_final_third_of_the_steps():
     assert gate_script.last_third([1.0, 2.0]) == [1.0, 2.0]
 
 
-def test_gate_pairs_by_seed_and_step_and_needs_a_majority_and_two_standard_errors():
+def test_gate_takes_the_seed_as_the_unit_and_passes_on_a_one_sided_paired_t():
+    from scipy import stats
+
     rng = np.random.default_rng(0)
     bt = {s: list(rng.normal(0, 1, 30)) for s in range(3)}
-    better = {s: [x + 1.0 for x in bt[s]] for s in range(3)}  # +1 at every step: a sure pass
+    lift = {0: 1.0, 1: 1.2, 2: 0.8}
+    better = {s: [x + lift[s] for x in bt[s]] for s in range(3)}  # every seed ahead, by different amounts
     res = gate_script.gate(runs_with(better, bt, {0: 1, 1: 1, 2: 0}), [0, 1, 2])
-    assert res["gt_minus_bt_last_third"] == pytest.approx({0: 1.0, 1: 1.0, 2: 1.0})
-    assert res["pooled_paired"]["n"] == 30 and res["pooled_paired"]["se"] == pytest.approx(0.0, abs=1e-12)
-    assert res["passes_reward_gate"] and res["passes_promotion_gate"] and res["seeds_with_promotion"] == 2
+    assert res["gt_minus_bt_last_third"] == pytest.approx(lift)
+    t = res["paired_t"]
+    ref = stats.ttest_1samp([1.0, 1.2, 0.8], 0.0, alternative="greater")
+    assert (t["n"], t["df"]) == (3, 2) and t["t"] == pytest.approx(ref.statistic) and t["p"] == pytest.approx(ref.pvalue)
+    assert res["passes_reward_gate"] == (ref.pvalue < 0.05) and res["pass_rule"]["false_positive_rate"] == 0.05
+    assert res["wilcoxon"]["w_plus"] == 6.0 and res["wilcoxon"]["p"] == pytest.approx(1 / 8)  # 3 of 3 up: 1 pattern of 8
+    z = res["step_level_z_not_independent"]
+    assert z["n"] == 30 and z["z"] == pytest.approx(np.mean([1.0] * 10 + [1.2] * 10 + [0.8] * 10) / z["se"])
+    assert res["old_rule"]["passes"]  # 3 of 3 ahead and a step-level z far above 2
+    assert res["passes_promotion_gate"] and res["seeds_with_promotion"] == 2
     assert res["base_promotions"] == {0: 0, 1: 0, 2: 0} and res["seeds_promotions_differ"] == [0, 1]
-    noisy = {s: list(np.array(bt[s]) + rng.normal(0, 3, 30)) for s in range(3)}  # no real difference
-    res = gate_script.gate(runs_with(noisy, bt), [0, 1, 2])
-    pooled = res["pooled_paired"]
-    assert res["passes_reward_gate"] == (res["seeds_grounded_beats_base"] >= 2 and pooled["mean"] > 2 * pooled["se"])
+
+
+def test_one_seed_far_ahead_passes_the_old_rule_but_not_the_seed_level_test():
+    """Two seeds a little ahead and one far ahead: the step-pooled z is large (steps count as
+    replicates), the paired t over 3 seeds is not significant."""
+    bt = {s: [0.0] * 30 for s in range(3)}
+    lifts = {0: 0.001, 1: 0.002, 2: 0.05}
+    rng = np.random.default_rng(1)
+    gt = {s: list(lifts[s] + rng.normal(0, 0.001, 30)) for s in range(3)}
+    res = gate_script.gate(runs_with(gt, bt), [0, 1, 2])
+    assert res["old_rule"]["passes"] and res["step_level_z_not_independent"]["z"] > 2
+    assert not res["passes_reward_gate"] and res["paired_t"]["p"] > 0.05
     assert not res["passes_promotion_gate"]
-    one_seed = {0: better[0], 1: [x - 1.0 for x in bt[1]], 2: [x - 1.0 for x in bt[2]]}
-    assert not gate_script.gate(runs_with(one_seed, bt), [0, 1, 2])["passes_reward_gate"]  # 1 of 3 seeds
+    behind = {0: [x - 1.0 for x in bt[0]], 1: [x - 1.0 for x in bt[1]], 2: [x + 1.0 for x in bt[2]]}
+    res = gate_script.gate(runs_with(behind, bt), [0, 1, 2])
+    assert not res["passes_reward_gate"] and not res["old_rule"]["passes"]  # 1 of 3 seeds ahead
 
 
 def test_teacher_trajectory_reads_the_step_dumps_through_the_oracle(tmp_path):

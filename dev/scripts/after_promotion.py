@@ -46,10 +46,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
-from frontier import icc, mean_se  # dev/scripts/frontier.py: run as a script, scripts/ is on sys.path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # soar.stats, installed or not
+
+from soar.stats import icc, mean_se  # noqa: E402
 
 VARIANTS = ("as_written", "wrong_removed", "wrong_corrected")
 

