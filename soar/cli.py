@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 from soar.config import ConfigError, conf_dir, register_configs
+from soar.signals import EXIT_INTERRUPTED, EXIT_STOPPED, StoppedDuringSetup
 
 # Each command imports its stage when it runs (and the error classes only on an error): a command
 # loads only what it needs, and usage errors answer without importing torch.
@@ -63,11 +64,14 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name=config_name)
     def _run(cfg) -> None:
+        run_dir = Path(cfg.run.dir or Path("runs") / cfg.run.name)
         try:
             stage_fn(cfg)
         except Exception as exc:
-            _exit_if_user_error(stage_error_message(exc, Path(cfg.run.dir or Path("runs") / cfg.run.name)), verbose)
+            _exit_if_user_error(stage_error_message(exc, run_dir), verbose)
             raise
+        except (KeyboardInterrupt, StoppedDuringSetup) as exc:
+            _exit_stopped(exc, run_dir, verbose)
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises composition errors instead of printing them
     try:
@@ -76,6 +80,32 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
         cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
         _exit_if_user_error(f"config error: {exc}" + (f" ({cause})" if cause else ""), verbose)
         raise
+    except KeyboardInterrupt as exc:  # before the stage started: nothing written
+        _exit_stopped(exc, None, verbose)
+
+
+def _exit_stopped(exc: BaseException, run_dir: Path | None, verbose: bool) -> None:
+    """Ctrl-C (``KeyboardInterrupt``), or a stop signal during setup (``StoppedDuringSetup``): one line
+    saying what happened and where a rerun resumes, then exit 130 or 75 (``soar.signals``); the
+    traceback only with ``verbose``."""
+    from soar.run import latest_checkpoint
+
+    if verbose:
+        raise exc
+    ckpt = latest_checkpoint(run_dir / "checkpoints") if run_dir is not None else None
+    if run_dir is None:
+        resume = "nothing was written"
+    elif ckpt is not None:
+        resume = f"rerun the same command to resume from its last checkpoint, {ckpt.resolve()}"
+    else:
+        resume = f"no checkpoint in {run_dir} yet: rerun the same command to start again (a fail@k manifest keeps " \
+                 "its finished batches)"
+    if isinstance(exc, StoppedDuringSetup):
+        what, code = f"stopped by {exc.signal_name} during setup, before this command's first outer step", EXIT_STOPPED
+    else:
+        what, code = "interrupted (SIGINT)", EXIT_INTERRUPTED
+    print(f"soar: {what}; {resume}; exit {code}", file=sys.stderr, flush=True)
+    sys.exit(code)
 
 
 def _exit_if_user_error(message: str | None, verbose: bool) -> None:

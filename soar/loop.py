@@ -39,7 +39,7 @@ from soar.faults import maybe_die
 from soar.generation import SamplingParams, make_generator
 from soar.grading import make_grader
 from soar.models import load_model, model_context
-from soar.prepare import setup_train
+from soar.prepare import read_train_inputs, setup_train
 from soar.run import MetricsLogger
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
@@ -329,9 +329,10 @@ def _model_cfg(cfg, path: str):
 
 def run_train(cfg) -> dict:
     """The ``soar-train`` stage: hard set -> outer loop -> Promotion Questions (``pq.jsonl``)."""
-    stop = StopRequest.install()  # SIGTERM/SIGUSR1: checkpoint at the next step boundary, exit 75
+    # SIGTERM/SIGUSR1: during setup stop at once (StoppedDuringSetup), then checkpoint at the next step boundary
+    stop = StopRequest.install(setting_up=True)
     try:
-        stage = setup_stage(cfg, "train")
+        stage = setup_stage(cfg, "train", prepare=read_train_inputs)
         try:
             summary = _train(cfg, stage, stop)
         finally:
@@ -349,6 +350,7 @@ def _train(cfg, stage, stop) -> dict:
         cfg.inner.replicates if cfg.teacher.reward == "grounded" else 1)
     bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
                disable=not cfg.run.progress)
+    stop.setup_done()
     try:
         for t in range(loop.state.step, cfg.loop.steps):
             if stop.requested:
@@ -366,7 +368,7 @@ def _train(cfg, stage, stop) -> dict:
     loop.close()
     stop.exit_if_requested(loop.state.step, cfg.loop.steps)
     summary = {"steps": loop.state.step, "promotions": loop.state.promotions, "pq_size": len(loop.state.pq),
-               "hard_set": hard.source, "run_dir": str(run.path)}
+               "hard_set": hard.source, "ungradable_golds": hard.ungradable, "run_dir": str(run.path)}
     (run.path / "summary.json").write_text(json.dumps(summary, indent=2))
     metrics_log.close()
     print(json.dumps({k: summary[k] for k in ("steps", "pq_size", "run_dir")} | {"promotions": len(summary["promotions"])}))
