@@ -144,7 +144,6 @@ class RunDir:
         self._lock_fh.write(f"pid {os.getpid()} on {platform.node()}\n")
         self._lock_fh.flush()
         try:
-            self.model_identity = model_identity(cfg.model)
             self._check_contract()
             self._check_resume_policy()
         except BaseException:
@@ -191,8 +190,9 @@ class RunDir:
         free = RESUME_FREE_KEYS + (LATER_STAGE_KEYS if self.stage != "eval" else ())
         fixed = {k: v for k, v in changes.items() if not is_free(k, free)}
         recorded = (meta.get("model") or {}).get("identity")
-        if recorded is not None and recorded != self.model_identity:  # first: the model is what matters most
-            fixed = {"model (its files)": (recorded, self.model_identity), **fixed}
+        current = model_identity(self.cfg.model) if recorded is not None else None
+        if recorded != current:  # first: what matters most
+            fixed = {"model (its files)": (recorded, current), **fixed}
         if fixed:
             shown = "; ".join(_describe_change(self.cfg, k, *v) for k, v in list(fixed.items())[:8])
             more = f"; and {len(fixed) - 8} more" if len(fixed) > 8 else ""
@@ -212,7 +212,7 @@ class RunDir:
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": package_versions()}
         if not (self.path / "config.yaml").exists():
             atomic_write_text(self.path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
-            model = {"path": self.cfg.model.path, "identity": self.model_identity}
+            model = {"path": self.cfg.model.path, "identity": model_identity(self.cfg.model)}
             atomic_write_text(self.path / "meta.json", json.dumps({**record, "model": model}, indent=2))
         else:
             resumed = self.resume_from.relative_to(self.path).as_posix() if self.resume_from else None
@@ -340,17 +340,15 @@ def _describe_change(cfg, key: str, old, new) -> str:
 
 
 def model_identity(model_cfg) -> str:
-    """What a model is, for a run's record: ``sha256:<hex>`` of a local folder's files (names and
-    contents, hidden files left out), else the hub id and revision."""
+    """What a model is, for a run's record: for a local model folder (one with ``config.json``),
+    ``sha256:<hex>`` of its files (names and contents; hidden files and subfolders left out; a 3B
+    model's 6.4 GB take a few seconds), else the path or hub id and the revision."""
     path = Path(str(model_cfg.path)).expanduser() if model_cfg.path else None
-    if path is None or not path.is_dir():
+    if path is None or not (path / "config.json").is_file():
         return f"{model_cfg.path}@{model_cfg.revision or 'main'}"
     digest = hashlib.sha256()
-    for f in sorted(f for f in path.rglob("*") if f.is_file()):
-        rel = f.relative_to(path)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        digest.update(rel.as_posix().encode() + b"\0")
+    for f in sorted(f for f in path.iterdir() if f.is_file() and not f.name.startswith(".")):
+        digest.update(f.name.encode() + b"\0")
         with open(f, "rb") as fh:
             digest.update(hashlib.file_digest(fh, "sha256").digest())
     return f"sha256:{digest.hexdigest()[:16]}"
