@@ -47,9 +47,9 @@ def main() -> None:
     from soar.generation import SamplingParams, make_generator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
-    from soar.prepare import resolve_model_path
     from soar.run import package_versions
-    from soar.worlds.arith import build_pool
+    from soar.stage import resolve_model_path
+    from soar.worlds.base import build_pool_hook
 
     torch.set_num_threads(args.threads)
     cfg = soar.compose(["experiment=arith", "backend=vllm", "backend.vllm.dtype=float32", "backend.vllm.kv_cache_gb=2",
@@ -58,7 +58,7 @@ def main() -> None:
     resolve_model_path(cfg)
     tok, model = load_tokenizer(cfg.model), load_model(cfg.model)
     work = Path(tempfile.mkdtemp(prefix="soar-bench-"))
-    problems = load_problems(cfg.data, str(build_pool(cfg, work / "pool")))[: args.problems]
+    problems = load_problems(cfg.data, str(build_pool_hook(cfg, work / "pool")))[: args.problems]
     prompts = [render_prompt(cfg.data.prompt_template, p.question) for p in problems]
     failk = SamplingParams(n=args.k, temperature=1.0, max_tokens=cfg.filter.max_tokens, seed=1)
     teacher = SamplingParams(n=args.teacher_samples, temperature=1.0, max_tokens=cfg.teacher.max_tokens, seed=2,

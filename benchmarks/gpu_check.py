@@ -118,7 +118,7 @@ def rollouts(args):
 
 def inner_step(args, lora: str | None = None, precision: str = "mixed", checkpointing: bool = True) -> dict:
     """``RLOOTrainer.update`` on synthetic rollouts: forward/backward + optimiser, as a student's step."""
-    from soar.students.trainer import RLOOTrainer
+    from soar.policy.trainer import RLOOTrainer
 
     cfg = student_config(args, lora, precision, checkpointing)
     planned = planned_step_gib(args, cfg)
@@ -183,7 +183,7 @@ def logprobs(args) -> dict:
     """One micro-batch through ``token_logprobs`` (chunked LM head) and ``full_token_logprobs``, forward
     and backward: peak memory above the model, time, and the largest gap of values and gradients."""
     from soar.memory_plan import DTYPE_BYTES, activation_bytes, logits_chunk_bytes, model_shape
-    from soar.students.rloo import full_token_logprobs, token_logprobs
+    from soar.policy.rloo import full_token_logprobs, token_logprobs
 
     shape, e = model_shape(llama_config(args)), DTYPE_BYTES[args.dtype]
     seq = args.prompt_len + args.completion_len

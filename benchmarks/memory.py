@@ -66,9 +66,11 @@ def main() -> None:
     from soar.generation import SamplingParams, make_generator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
+    from soar.policy.trainer import RLOOTrainer
     from soar.run import package_versions
-    from soar.students.trainer import RLOOTrainer, batch_indices
-    from soar.worlds.arith import family_problems, world_config
+    from soar.students.trainer import batch_indices
+    from soar.worlds.arith import family_problems
+    from soar.worlds.base import configured_world
 
     cfg = soar.compose(["experiment=arith", f"model.path={args.model}", "backend.student=vllm",
                         "backend.vllm.enable_lora=true", "backend.vllm.kv_cache_gb=1", "backend.vllm.dtype=float32",
@@ -80,7 +82,7 @@ def main() -> None:
                 "llama_3.2_3b_fp32": {f"r{r}": per_student_bytes(llama3b, r) for r in args.ranks}}
 
     measured = {}  # one real trainer step each, so AdamW has allocated its moments
-    problems = family_problems(world_config(cfg), list(cfg.world.stepping_carries), 64, 0, "mem")
+    problems = family_problems(configured_world(cfg).config(cfg), list(cfg.world.stepping_carries), 64, 0, "mem")
     for name, extra in (("full", {"lora": {"r": 0}}), *((f"lora_r{r}", {"lora": {"r": r}}) for r in args.ranks)):
         scfg = OmegaConf.merge(cfg.student, extra, {"skip_zero_adv": False})
         ref = copy.deepcopy(model) if scfg.lora.r == 0 else None

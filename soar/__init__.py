@@ -1,16 +1,19 @@
 """soar: an open implementation of SOAR (arXiv 2601.18778), teaching models to teach themselves.
 
-Layers, bottom to top. A module imports only from its own layer or below, and never in a cycle
-(``tests/test_imports.py`` walks every import, including those inside functions, against ``LAYERS``):
+Layers, bottom to top. A module imports only from its own layer or below, never in a cycle, and the
+teacher and student roles never import each other (``tests/test_imports.py`` walks every import against
+``LAYERS``):
 
-    0 config      config (the schema, hooks' registry of world configs), seeding, faults, signals
-    1 foundations grading, data, models, samples / generation / vllm_backend, run dirs, run data,
-                  state, diversity, prompt/stop token ids (soar.tokens), the stage setup (soar.stage),
-                  the World interface (soar.worlds.base), the GPU memory plan (soar.memory_plan)
-    2 trainer     students.rloo, students.trainer (RLOO, soar-rl), filters (fail@k, soar-filter)
-    3 roles       teachers (prompts, parsing, sampling, rewards, update), students (pool, lockstep,
-                  promotion), worlds (arith: one World), the Llama-3.2 rehearsal model (soar.rehearsal)
-    4 loop        loop (the SOAR outer loop, soar-train), prepare (hard set, train setup)
+    0 config      config (the schema), seeding, faults, signals, stats
+    1 foundations grading, data, models, samples / generation / vllm_backend, run dirs, state, diversity,
+                  prompt/stop token ids (soar.tokens), the GPU memory plan (soar.memory_plan), stacked_llama
+    2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, scores)
+    3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, batched,
+                  promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
+                  worlds (the World interface and one module per world), the Llama-3.2 rehearsal model
+    4 stages      validation, Hydra's configuration (soar.hydra_config), run data, the stage setup
+                  (soar.stage), soar-rl (soar.rl), soar-filter (filters), prepare, the step dump, the outer
+                  loop (soar.loop)
     5 products    evaluate (soar-eval), export (soar-export), report (soar-report), estimate
     6 interface   cli (the soar-* commands) and this package's API
 
@@ -18,13 +21,18 @@ The design card's folders map to modules of this one package: ``students/`` is `
 ``teachers/`` is ``soar/teachers/``, ``filters/`` is ``soar/filters/``; ``conf/`` stays at the top of
 the repository and ships inside the wheel as ``soar/conf``.
 
-Python API (lazy imports keep ``import soar`` fast)::
+Python API::
 
     import soar
     cfg = soar.compose(["model.path=out/model", "data.path=train.jsonl", "student.max_steps=20"])
+    soar.validate(cfg, "rl")    # what the stage checks first
     soar.train(cfg)             # = soar-train (the SOAR loop)
     soar.train_rl(cfg)          # = soar-rl
     soar.fail_at_k(cfg)         # = soar-filter
+
+This file runs in every process that imports any module of the package (each grader worker imports
+``soar.grading``), so it imports only the schema: the API's functions import their modules (torch and
+the rest) when first called. These are the package's only imports inside functions.
 """
 
 __version__ = "0.1.0"
@@ -32,21 +40,37 @@ __version__ = "0.1.0"
 LAYERS: dict[str, int] = {
     "soar.config": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0, "soar.stats": 0,
     "soar.grading": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
-    "soar.vllm_backend": 1, "soar.run": 1, "soar.rundata": 1, "soar.state": 1, "soar.diversity": 1,
-    "soar.stage": 1, "soar.tokens": 1, "soar.memory_plan": 1, "soar.worlds": 1, "soar.worlds.base": 1,
-    "soar.stacked_llama": 1,
-    "soar.students.rloo": 2, "soar.students.trainer": 2, "soar.filters": 2, "soar.filters.failk": 2,
+    "soar.vllm_backend": 1, "soar.run": 1, "soar.state": 1, "soar.diversity": 1, "soar.tokens": 1,
+    "soar.memory_plan": 1, "soar.stacked_llama": 1,
+    "soar.policy": 2, "soar.policy.rloo": 2, "soar.policy.scores": 2, "soar.policy.trainer": 2,
     "soar.teachers": 3, "soar.teachers.prompts": 3, "soar.teachers.parse": 3, "soar.teachers.sampling": 3,
-    "soar.teachers.rewards": 3, "soar.teachers.update": 3, "soar.students": 3, "soar.students.pool": 3,
-    "soar.students.lockstep": 3, "soar.students.batched": 3, "soar.students.promotion": 3, "soar.worlds.arith": 3,
-    "soar.rehearsal": 3,
-    "soar.loop": 4, "soar.prepare": 4,
+    "soar.teachers.update": 3, "soar.students": 3, "soar.students.trainer": 3, "soar.students.pool": 3,
+    "soar.students.lockstep": 3, "soar.students.batched": 3, "soar.students.promotion": 3, "soar.rewards": 3,
+    "soar.worlds": 3, "soar.worlds.base": 3, "soar.worlds.arith": 3, "soar.rehearsal": 3,
+    "soar.validation": 4, "soar.hydra_config": 4, "soar.rundata": 4, "soar.stage": 4, "soar.rl": 4,
+    "soar.filters": 4, "soar.filters.failk": 4, "soar.prepare": 4, "soar.step_dump": 4, "soar.loop": 4,
     "soar.evaluate": 5, "soar.export": 5, "soar.report": 5, "soar.estimate": 5,
     "soar.cli": 6, "soar": 6,
 }
 """Each module's layer (above); a new module needs a row here. A world module is layer 3."""
 
-from soar.config import ConfigError, SoarConfig, compose, validate  # noqa: E402
+from soar.config import ConfigError, SoarConfig  # noqa: E402
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "config"):
+    """Compose a config from Hydra overrides, e.g. ``soar.compose(["experiment=arith_micro"])``
+    (``soar.hydra_config.compose``)."""
+    from soar.hydra_config import compose
+
+    return compose(overrides, config_name)
+
+
+def validate(cfg, stage: str) -> None:
+    """Check ``cfg`` for ``stage`` (rl | filter | train | eval | world | plan) before any heavy work; a
+    problem is a ``ConfigError`` naming the field (``soar.validation.validate``)."""
+    from soar.validation import validate
+
+    validate(cfg, stage)
 
 
 def train(cfg) -> dict:
@@ -58,7 +82,7 @@ def train(cfg) -> dict:
 
 def train_rl(cfg) -> dict:
     """Train one student with RLOO (the ``soar-rl`` stage); returns its summary."""
-    from soar.students.trainer import run_rl  # lazy, as every stage here: ``import soar`` stays light
+    from soar.rl import run_rl
 
     return run_rl(cfg)
 

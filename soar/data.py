@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import re
 import string
 import tempfile
@@ -20,9 +21,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from soar.config import DataConfig, shared_data_dir  # noqa: F401  (shared_data_dir: re-exported)
+from soar.config import DataConfig
 
 log = logging.getLogger(__name__)
+
+
+def shared_data_dir() -> Path:
+    """The benchmark files' folder, read in place: ``$SOAR_DATA_DIR``, else ``<repo>/../shared/data``.
+    The benchmark data configs name it as ``${soar_data_dir:}``."""
+    return Path(os.environ.get("SOAR_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 @dataclass(frozen=True)

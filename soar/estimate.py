@@ -45,12 +45,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import open_dict
 
-from soar.config import ConfigError, validate
+from soar.config import ConfigError
 from soar.loop import Loop
 from soar.memory_plan import PROMPT_TOKENS, check_plan, plan, plan_report
 from soar.prepare import read_train_inputs, setup_train
 from soar.run import MetricsLogger
 from soar.stage import resolve_model_path, setup_stage
+from soar.validation import validate
 
 OTHER_PHASE = "other"
 """The part of a step's wall time that the loop's own ``time/*`` phases do not cover."""
@@ -88,7 +89,7 @@ def calibrate(cfg, steps: int = 1, run_dir: str | Path | None = None) -> dict:
                 t0 = time.perf_counter()
                 metrics = loop.step(t)
                 metrics_log.log(t + 1, metrics)
-                loop.checkpoint()
+                loop.checkpoints.after_step(loop.state)
                 rows.append({**metrics, "time/wall_s": time.perf_counter() - t0})
             loop.close()  # the last checkpoint is written (loop.async_checkpoint) before the run dir goes
             metrics_log.close()

@@ -26,17 +26,22 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from soar.config import ConfigError, _fail
+from soar.config import ConfigError
 from soar.data import Problem, write_jsonl
 from soar.diversity import bootstrap_vendi, load_embedder
+from soar.export import load_questions, load_teacher
+from soar.generation import correctness, make_generator
 from soar.grading import make_grader
+from soar.models import load_model
+from soar.policy.trainer import RLOOTrainer
+from soar.prepare import given_hard_set, has_hard_split, read_hard_split
 from soar.run import MetricsLogger
 from soar.rundata import RunDataError, check_eligible, read_json, read_run
 from soar.seeding import derive_seed
-from soar.worlds.base import hook_world
-
-# Modules that import torch (generation, models, the trainer, export, the stage setup) are imported
-# inside the functions that train or sample: soar-report imports this module for ``aggregate``.
+from soar.stage import setup_stage
+from soar.students.trainer import batch_indices
+from soar.validation import fail
+from soar.worlds.base import configured_world
 
 log = logging.getLogger("soar.evaluate")
 TRAINING_METHODS = ("hard_only", "pq", "questions", "oracle")
@@ -149,8 +154,6 @@ def at_step(evals: list[dict], step: int) -> dict:
 # ---- evaluating one solver ----------------------------------------------------------------------
 def evaluate_solver(generator, grader, problems, template: str, student_cfg, ecfg, seed: int) -> dict:
     """Greedy accuracy and pass@k (``ecfg.samples`` samples at ``ecfg.temperature``) on ``problems``."""
-    from soar.students.trainer import correctness
-
     max_tokens, stop = student_cfg.eval_max_tokens or student_cfg.max_tokens, tuple(student_cfg.stop)
     frac = correctness(generator, grader, problems, template, max_tokens, stop, ecfg.samples,
                        derive_seed(seed, "pass_at_k"), ecfg.temperature)
@@ -161,8 +164,6 @@ def evaluate_solver(generator, grader, problems, template: str, student_cfg, ecf
 
 def batch_for_step(step: int, synthetic: list, hard: list, ecfg, per_step: int, seed: int) -> list:
     """The questions of one fresh-student step under ``eval.mixing`` (no synthetic: hard-train)."""
-    from soar.students.trainer import batch_indices
-
     def draw(pool, n, s, stream):
         return [pool[i] for i in batch_indices(len(pool), s, n, derive_seed(seed, stream))] if n else []
 
@@ -181,9 +182,6 @@ def batch_for_step(step: int, synthetic: list, hard: list, ecfg, per_step: int, 
 def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, metrics_log) -> dict:
     """RLOO from a fresh copy of ``base`` (the paper's fresh-student protocol), evaluating on
     ``test`` at step 0, every ``eval.eval_every`` steps and at the end."""
-    from soar.generation import make_generator
-    from soar.students.trainer import RLOOTrainer
-
     ecfg = cfg.eval
     warmup = 0 if ecfg.mixing == "curriculum" and synthetic else ecfg.warmup_steps
     scfg = OmegaConf.merge(cfg.student, {"max_steps": ecfg.steps, "warmup_steps": warmup,
@@ -222,8 +220,6 @@ def train_fresh_student(base, tokenizer, grader, synthetic, hard, test, cfg, met
 def load_hard_split(cfg, run) -> tuple[list, list, str]:
     """(train, test, source): ``eval.hard_set`` or ``loop.hard_set`` read as ``soar-train`` reads a
     given hard set (one split per hard set, whatever the seed), else the split ``run`` trained on."""
-    from soar.prepare import given_hard_set, has_hard_split, read_hard_split
-
     for field in ("eval.hard_set", "loop.hard_set"):
         if OmegaConf.select(cfg, field):
             return given_hard_set(cfg, field=field)
@@ -251,8 +247,6 @@ def without_hard_test(pool: list, hard_test: list) -> tuple[list, int]:
 def synthetic_questions(cfg, run, hard_test: list) -> tuple[list, dict]:
     """The synthetic set of a training method, and notes for the summary. The oracle's pool is
     drawn from without the hard-test problems (``without_hard_test``)."""
-    from soar.export import load_questions
-
     ecfg, method = cfg.eval, cfg.eval.method
     if method == "hard_only":
         return [], {}
@@ -270,8 +264,8 @@ def synthetic_questions(cfg, run, hard_test: list) -> tuple[list, dict]:
         rng = np.random.default_rng(cfg.seed)
         if ecfg.oracle_path:
             pool = load_questions(ecfg.oracle_path, cfg.data, "oracle")
-        elif hook_world(cfg, "data.build") is not None:
-            pool = hook_world(cfg, "data.build").family(cfg, "stepping", ecfg.oracle_size, "oracle")  # one set
+        elif cfg.world is not None:
+            pool = configured_world(cfg).oracle_problems(cfg, ecfg.oracle_size)
         else:
             raise ConfigError("config error: eval.oracle_path: method=oracle needs real training questions")
         source = ecfg.oracle_path or "world stepping-stone family"
@@ -287,16 +281,10 @@ def synthetic_questions(cfg, run, hard_test: list) -> tuple[list, dict]:
 def inference_model(cfg, run, tokenizer, grader, hard_train):
     """(generator, description) of an inference-only row: the best promoted student by greedy
     hard-train accuracy (PS), a teacher checkpoint, or the base model."""
-    from soar.generation import make_generator
-    from soar.models import load_model
-    from soar.students.trainer import correctness
-
     method, s = cfg.eval.method, cfg.student
     if method == "base":
         return make_generator(cfg, "eval", load_model(cfg.model), tokenizer, pristine=True), {"model": cfg.model.path}
     if method == "teacher":
-        from soar.export import load_teacher
-
         teacher, step = load_teacher(run, cfg.eval.teacher_step)
         return teacher.trainer.sampler(make_generator(cfg, "eval", None, tokenizer)), {"teacher_step": step}
     check_eligible(run, cfg.pq, "evaluate")
@@ -318,9 +306,6 @@ def inference_model(cfg, run, tokenizer, grader, hard_train):
 
 def run_eval(cfg) -> dict:
     """The ``soar-eval`` stage; writes ``eval.json`` in the run dir and returns it."""
-    from soar.models import load_model
-    from soar.stage import setup_stage
-
     ecfg = cfg.eval
     validate_eval(cfg)
     found = {}
@@ -379,20 +364,20 @@ def run_eval(cfg) -> dict:
 def validate_eval(cfg) -> None:
     e = cfg.eval
     if e.method not in TRAINING_METHODS + INFERENCE_METHODS:
-        _fail("eval.method", f"must be one of {', '.join(TRAINING_METHODS + INFERENCE_METHODS)}, got {e.method!r}")
+        fail("eval.method", f"must be one of {', '.join(TRAINING_METHODS + INFERENCE_METHODS)}, got {e.method!r}")
     if e.mixing not in ("mixed", "curriculum"):
-        _fail("eval.mixing", f"must be mixed or curriculum, got {e.mixing!r}")
+        fail("eval.mixing", f"must be mixed or curriculum, got {e.mixing!r}")
     if e.synthetic_frac is not None and not 0 <= e.synthetic_frac <= 1:
-        _fail("eval.synthetic_frac", "must be in [0, 1] or null")
+        fail("eval.synthetic_frac", "must be in [0, 1] or null")
     for name in ("steps", "eval_every", "samples", "inference_seeds"):
         if getattr(e, name) < 1:
-            _fail(f"eval.{name}", f"must be >= 1, got {getattr(e, name)}")
+            fail(f"eval.{name}", f"must be >= 1, got {getattr(e, name)}")
     if not e.ks or any(k < 1 or k > e.samples for k in e.ks):
-        _fail("eval.ks", f"each k must be in [1, eval.samples={e.samples}], got {list(e.ks)}")
+        fail("eval.ks", f"each k must be in [1, eval.samples={e.samples}], got {list(e.ks)}")
     if not 0 <= e.warmup_steps < e.steps:
-        _fail("eval.warmup_steps", f"must be in [0, eval.steps={e.steps})")
+        fail("eval.warmup_steps", f"must be in [0, eval.steps={e.steps})")
     if e.slope.window < 2 or not 0 < e.slope.threshold < 1:
-        _fail("eval.slope", "window must be >= 2 and threshold in (0, 1)")
+        fail("eval.slope", "window must be >= 2 and threshold in (0, 1)")
 
 
 # ---- aggregation over seeds ---------------------------------------------------------------------

@@ -21,6 +21,8 @@ import logging
 import shutil
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from soar.config import ConfigError, DataConfig
 from soar.data import load_problems
 from soar.generation import SamplingParams
@@ -89,8 +91,6 @@ def pq_rows(run: RunData) -> list[dict]:
 def load_teacher(run: RunData, step: int | None):
     """The run's teacher after outer step ``step`` (None: the last checkpoint) as a ``TeacherPolicy``
     (its format filter and generator), and the step it is at."""
-    from omegaconf import OmegaConf
-
     kind, path = run.teacher_checkpoint(step)
     if step is None:
         step = int(path.parent.name.split("_")[1]) if kind == "state" else int(path.name.split("_")[1])
@@ -255,8 +255,6 @@ def run_export(cfg) -> dict:
 def load_questions(path: str | Path, data_cfg=None, name: str | None = None):
     """Problems from a ``soar-export`` folder (its root means ``pq``; a dataset folder; ``disk/``) or
     any file / folder ``soar.data.load_problems`` reads. Provenance columns land in ``Problem.meta``."""
-    from omegaconf import OmegaConf
-
     p = Path(path).expanduser().resolve()
     if p.is_dir() and (p / "export.json").is_file():
         read_json(p / "export.json")  # a corrupt manifest is named

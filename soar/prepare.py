@@ -39,8 +39,8 @@ from soar.filters.failk import (
     ungradable,
 )
 from soar.grading import make_grader
-from soar.stage import Stage, resolve_model_path  # noqa: F401  (resolve_model_path: re-exported)
-from soar.worlds.base import resolve_hook
+from soar.stage import Stage
+from soar.worlds.base import build_pool_hook
 
 log = logging.getLogger("soar.prepare")
 
@@ -152,7 +152,7 @@ def build_hard_set(cfg, run_path: Path, model, tokenizer, pool: list[Problem] | 
     folder = run_path / "hard_set"
     folder.mkdir(parents=True, exist_ok=True)
     if pool is None:
-        pool = load_problems(cfg.data, str(resolve_hook(cfg, "data.build")(cfg, run_path / "problems")))
+        pool = load_problems(cfg.data, str(build_pool_hook(cfg, run_path / "problems")))
     summary = filter_to_hard_set(cfg, pool, model, tokenizer, folder, progress)
     return HardSet(*read_hard_split(cfg, folder), str(folder), summary["ungradable_golds"])
 

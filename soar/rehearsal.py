@@ -28,8 +28,20 @@ import importlib.util
 import json
 import logging
 import math
+import random
 import shutil
+import tempfile
 from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from soar.config import PAPER_STUDENT_TEMPLATE
+from soar.data import render_prompt
+from soar.models import load_tokenizer
+from soar.teachers.prompts import PAPER_TEACHER_PROMPT, format_pair
+from soar.tokens import encode_prompt
 
 log = logging.getLogger("soar.rehearsal")
 
@@ -94,17 +106,12 @@ def write_tokenizer(out_dir, pad: str | None = None) -> Path:
 
 
 def llama_config(shape: str = "tiny", max_positions: int | None = None):
-    from transformers import LlamaConfig
-
     extra = {"max_position_embeddings": max_positions} if max_positions else {}
     return LlamaConfig(**{**LLAMA32_COMMON, **SHAPES[shape], **extra})
 
 
 def new_model(shape: str = "tiny", seed: int = 0, dtype=None, device=None, max_positions: int | None = None):
     """A randomly initialised Llama-3.2-architecture model (Instruct's config and generation config)."""
-    import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
-
     torch.manual_seed(seed)
     with torch.device(device or "cpu"):
         model = LlamaForCausalLM(llama_config(shape, max_positions))
@@ -116,8 +123,6 @@ def write_model(out_dir, shape: str = "tiny", seed: int = 0, dtype: str = "float
                 max_positions: int | None = None, device=None) -> Path:
     """A random-weight model folder (config, generation config, weights, tokenizer), loadable by
     ``soar.models.load_model`` and by vLLM; ``device``: where to initialise (a GPU: seconds at 3B)."""
-    import torch
-
     out = Path(out_dir)
     model = new_model(shape, seed, getattr(torch, dtype), device=device, max_positions=max_positions)
     model.save_pretrained(out)
@@ -128,12 +133,6 @@ def write_model(out_dir, shape: str = "tiny", seed: int = 0, dtype: str = "float
 # ---- the rehearsal model's format lesson -------------------------------------------------------------
 def format_corpus(n: int, seed: int) -> list[tuple[str, str]]:
     """(prompt, completion) pairs in the paper's two formats, on 1-2 digit sums."""
-    import random
-
-    from soar.config import PAPER_STUDENT_TEMPLATE
-    from soar.data import render_prompt
-    from soar.teachers.prompts import PAPER_TEACHER_PROMPT, format_pair
-
     rng, out = random.Random(seed), []
     for i in range(n):
         a, b = rng.randint(1, 99), rng.randint(1, 99)
@@ -152,10 +151,6 @@ def teach_formats(model, tokenizer, steps: int, batch: int, lr: float, seed: int
     Only the corpus tokens' rows of the (tied) 128k x d embedding learn, as a delta added at the
     end: Adam over every row, and a 128k-way softmax, would cost most of the lesson, and the
     untouched rows' logits stay near zero."""
-    import torch
-
-    from soar.tokens import encode_prompt
-
     corpus = format_corpus(steps * batch, seed)
     eos = tokenizer.convert_tokens_to_ids(EOT)
     used = sorted({t for _, c in corpus for t in tokenizer(c, add_special_tokens=False).input_ids} | {eos})
@@ -215,12 +210,6 @@ def rehearsal_dir(settings: dict) -> Path:
 
 def build_rehearsal_model(out_dir=None, pretrain: dict | None = None) -> Path:
     """The rehearsal model folder: built once (about a minute on 2 cores), then found in the cache."""
-    import tempfile
-
-    import torch
-
-    from soar.models import load_tokenizer
-
     settings = {**PRETRAIN, **(pretrain or {}), "shape": SHAPES["tiny"]}
     out = Path(out_dir) if out_dir else rehearsal_dir(settings)
     if (out / "rehearsal.json").is_file():
@@ -228,11 +217,7 @@ def build_rehearsal_model(out_dir=None, pretrain: dict | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
         write_model(tmp, "tiny", settings["seed"])
-        from omegaconf import OmegaConf
-
         tok = load_tokenizer(OmegaConf.create({"path": tmp, "revision": None, "trust_remote_code": False}))
-        from transformers import AutoModelForCausalLM
-
         model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # ~30 s; more threads only contend at this width

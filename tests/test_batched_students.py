@@ -66,10 +66,10 @@ def test_stacked_llama_is_transformers_llama():
     """Log-probs of given completions (as rows and as prefix trees), greedy decoding and seeded sampling of
     a stacked model equal transformers' on left-padded prompts of several lengths."""
     from soar.generation import InverseCDFDraw
+    from soar.policy.rloo import pack_sequences, token_logprobs
     from soar.samples import sampling_uniforms
     from soar.stacked_llama import CompletionTree, StackedLlama
     from soar.students.batched import pad_left, pad_right
-    from soar.students.rloo import pack_sequences, token_logprobs
 
     models = [tiny_llama(50, seed) for seed in (0, 1)]
     stack = StackedLlama(models[0], 2)

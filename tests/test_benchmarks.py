@@ -7,10 +7,11 @@ import logging
 import pytest
 
 import soar
-from soar.config import ConfigError, DataConfig, validate
+from soar.config import ConfigError, DataConfig
 from soar.data import DataError, load_problems, shared_data_dir
 from soar.filters.failk import UNRECORDED_SPLIT_SEED, split_hard
 from soar.prepare import given_hard_set
+from soar.validation import validate
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not (shared_data_dir() / "NOTICE.md").exists(),

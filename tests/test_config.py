@@ -10,7 +10,8 @@ import pytest
 
 import soar
 from soar.cli import rewrite_shortcuts
-from soar.config import ConfigError, validate
+from soar.config import ConfigError
+from soar.validation import validate
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -111,8 +112,8 @@ def test_non_editable_install_ships_conf(tmp_path):
     wheel = next((tmp_path / "dist").glob("soar-*.whl"))
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)],
                    check=True, timeout=240, cwd=tmp_path, capture_output=True)
-    probe = ("import soar, sys; from soar.config import conf_dir; c = conf_dir(); "
-             "print(soar.__file__); print(c); assert (c / 'student' / 'paper.yaml').is_file(); "
+    probe = ("import soar, sys; from soar.hydra_config import conf_dir; c = conf_dir(); "
+             "print(soar.__file__); print(c); assert (c / 'experiment' / 'arith.yaml').is_file(); "
              "from soar.worlds.arith import SHIPPED; assert any(SHIPPED.glob('arith-*/model.safetensors')), SHIPPED")
     out = subprocess.run([str(py), "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": ""})

@@ -6,9 +6,9 @@ import pytest
 
 from soar.diversity import mean_pairwise_cosine_distance, vendi_score
 from soar.generation import Sample, SamplingParams
+from soar.rewards import TEACHER_REWARDS
 from soar.students.promotion import PromotionPolicy, median_replicate
 from soar.teachers.parse import Pair, Reject, parse_pair
-from soar.teachers.rewards import intrinsic_question_reward
 from soar.teachers.sampling import RejectionCapError, sample_valid
 from soar.teachers.update import dataset_advantages
 
@@ -79,12 +79,22 @@ def test_disabled_promotion_still_reports_the_moving_average():
 
 
 def test_intrinsic_rewards():
-    assert intrinsic_question_reward(0.0, "intrinsic") == 0.0  # unsolvable: no reward (paper Eq. 8)
-    assert intrinsic_question_reward(0.25, "intrinsic") == 0.75
-    assert intrinsic_question_reward(1.0, "intrinsic") == 0.0
-    assert intrinsic_question_reward(0.5, "intrinsic_4p1p") == 1.0
-    assert intrinsic_question_reward(0.75, "intrinsic_min") == 0.25
-    assert [intrinsic_question_reward(s, "intrinsic_mixed") for s in (0.0, 0.3, 1.0)] == [0.0, 1.0, 0.0]
+    def question_reward(s, kind):
+        return TEACHER_REWARDS[kind].question_reward(s)
+
+    assert question_reward(0.0, "intrinsic") == 0.0  # unsolvable: no reward (paper Eq. 8)
+    assert question_reward(0.25, "intrinsic") == 0.75
+    assert question_reward(1.0, "intrinsic") == 0.0
+    assert question_reward(0.5, "intrinsic_4p1p") == 1.0
+    assert question_reward(0.75, "intrinsic_min") == 0.25
+    assert [question_reward(s, "intrinsic_mixed") for s in (0.0, 0.3, 1.0)] == [0.0, 1.0, 0.0]
+
+
+def test_teacher_reward_registry():
+    """``teacher.reward`` names exactly the registered rewards; only ``grounded`` trains students, so only
+    it may promote, and ``${student_tasks:}`` counts students for it alone."""
+    assert list(TEACHER_REWARDS) == ["grounded", "intrinsic", "intrinsic_4p1p", "intrinsic_min", "intrinsic_mixed"]
+    assert [name for name, reward in TEACHER_REWARDS.items() if reward.trains_students] == ["grounded"]
 
 
 class ScriptedGenerator:

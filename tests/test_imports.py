@@ -1,7 +1,10 @@
 """The project's import order: an AST walk over every ``.py`` file of the repository (``soar/``,
-``tests/``, ``scripts/``, ``benchmarks/``, ``dev/``), every import including those inside functions. No
-import cycle among the project's modules, and no module of ``soar`` imports from a layer above its
-own (``soar.LAYERS``, written out in ``soar/__init__.py``)."""
+``tests/``, ``scripts/``, ``benchmarks/``, ``dev/``), every import including those inside functions, and
+what an import runs besides its module: the packages above it (their ``__init__``) and, for a plugin
+folder, every module in it. No import cycle among the project's modules, no module of ``soar`` imports
+from a layer above its own (``soar.LAYERS``, written out in ``soar/__init__.py``), the teacher and student
+roles never import each other, and the package imports its own modules inside a function only in
+``soar/__init__.py``."""
 
 import ast
 from pathlib import Path
@@ -12,6 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("soar", "tests", "scripts", "benchmarks", "dev")
 TOP = max(soar.LAYERS.values()) + 1
 """Layer of the scripts, tests and benchmarks: above the package, importing anything of it."""
+PLUGIN_PACKAGES = ("soar.worlds",)
+"""Packages whose ``__init__`` imports every module of their folder by name (``importlib``), which the
+AST cannot see: the walk adds those imports (``test_plugin_packages_import_their_folder`` checks them)."""
+ROLES = ("soar.teachers", "soar.students")
+"""The two roles: neither imports the other (what both need is below them, ``soar.policy``; what joins
+them is above, ``soar.rewards``)."""
 
 
 def module_name(path: Path) -> str:
@@ -49,9 +58,41 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+def parents(name: str) -> list[str]:
+    """The packages an import of ``name`` runs first, below the root (``soar/__init__.py`` imports only the
+    schema when it runs; its API functions import the rest when called, and the walk reads those)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]
+
+
 def graph() -> dict[str, set[str]]:
+    """Each project module -> the project modules importing it runs: its imports, their packages (those
+    that do not hold the importing module: they are already running) and a plugin package's folder."""
     modules = project_modules()
-    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+    edges = {}
+    for name, path in modules.items():
+        found = imports_of(name, path, modules)
+        found |= {p for t in found for p in parents(t) if p in modules and not (name + ".").startswith(p + ".")}
+        edges[name] = found - {name}
+    for package in PLUGIN_PACKAGES:
+        edges[package] |= {m for m in modules if m.rpartition(".")[0] == package}
+    return edges
+
+
+def deferred_imports(path: Path) -> list[str]:
+    """``line: statement`` of each import of a ``soar`` module inside a function of ``path``."""
+    found = []
+
+    def visit(node, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in child.names] if isinstance(child, ast.Import) else [child.module or ""]
+                if getattr(child, "level", 0) or any(n == "soar" or n.startswith("soar.") for n in names):
+                    found.append(f"{child.lineno}: {ast.unparse(child)}")
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return found
 
 
 def layer(name: str) -> int:
@@ -101,8 +142,45 @@ def test_no_import_cycle():
 
 
 def test_the_walk_sees_deferred_imports():
-    """The walk reads imports inside functions too (e.g. ``soar.cli`` defers its stages)."""
-    assert {"soar.loop", "soar.students.trainer", "soar.estimate"} <= graph()["soar.cli"]
+    """The walk reads imports inside functions too (``soar``'s API imports its stages when called), the
+    packages an import runs (``soar.prepare`` imports ``soar.filters.failk``, so ``soar/filters/__init__.py``
+    runs) and a plugin folder's modules."""
+    edges = graph()
+    assert {"soar.loop", "soar.rl", "soar.filters.failk", "soar.hydra_config", "soar.validation"} <= edges["soar"]
+    assert "soar.filters" in edges["soar.prepare"]
+    assert {"soar.worlds", "soar.worlds.base"} <= edges["soar.hydra_config"] and "soar.worlds.arith" in edges["soar.worlds"]
+
+
+def test_plugin_packages_import_their_folder():
+    """Importing a plugin package imports every module of its folder (what the walk assumes of it)."""
+    import importlib
+    import sys
+
+    for package in PLUGIN_PACKAGES:
+        importlib.import_module(package)
+        folder = [m for m in project_modules() if m.rpartition(".")[0] == package]
+        assert folder and all(m in sys.modules for m in folder), folder
+
+
+def test_roles_do_not_import_each_other():
+    """``soar.teachers`` never imports ``soar.students`` and the other way round (issue 51: the teacher's
+    update took its trainer from the students; it is ``soar.policy`` now)."""
+    def role(name: str) -> str | None:
+        return next((r for r in ROLES if name == r or name.startswith(r + ".")), None)
+
+    crossing = [f"{m} imports {t}" for m, targets in graph().items() if role(m)
+                for t in sorted(targets) if role(t) not in (None, role(m))]
+    assert not crossing, "\n".join(crossing)
+
+
+def test_no_deferred_project_imports():
+    """The package imports its own modules at the top of each file, where the walk and a reader see the
+    order, except ``soar/__init__.py``'s API functions (that file runs in every process that imports any
+    soar module, grader workers included, so it stays light)."""
+    deferred = {f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "soar").rglob("*.py"))
+                if path != ROOT / "soar" / "__init__.py" for line in deferred_imports(path)}
+    assert not deferred, "\n".join(sorted(deferred))
+    assert len(deferred_imports(ROOT / "soar" / "__init__.py")) == 5  # compose, validate, train, train_rl, fail_at_k
 
 
 def test_ruff_is_clean():

@@ -85,7 +85,7 @@ def test_completion_ids_never_keep_padding(llama):
 
 @pytest.mark.parametrize("pad", ["eos", "<|finetune_right_pad_id|>"])
 def test_hf_conditions_on_the_trainer_ids_and_stops_on_every_eos(llama, pad):
-    from soar.students.rloo import pack_sequences, token_logprobs
+    from soar.policy.rloo import pack_sequences, token_logprobs
 
     cfg, tok, model = llama
     tok = copy.deepcopy(tok)
@@ -127,8 +127,9 @@ def test_hf_conditions_on_the_trainer_ids_and_stops_on_every_eos(llama, pad):
 def test_trainer_rollouts_and_gold_scores_use_the_sampled_ids(llama):
     from soar.data import Problem
     from soar.grading import make_grader
-    from soar.students.rloo import pack_sequences, token_logprobs
-    from soar.students.trainer import RLOOTrainer, gold_logprobs
+    from soar.policy.rloo import pack_sequences, token_logprobs
+    from soar.policy.scores import gold_logprobs
+    from soar.policy.trainer import RLOOTrainer
 
     cfg, tok, model = llama
     problems = [Problem(f"p{i}", q, "42") for i, q in enumerate(QUESTIONS[:2])]

@@ -67,6 +67,56 @@ def test_micro_run_writes_metrics_checkpoints_pq_and_promotes_once(reference_run
     print(f"arith_micro wall time: {seconds:.1f}s")
 
 
+@pytest.mark.slow
+def test_the_console_shows_one_readable_line_per_outer_step(reference_run):
+    """Per outer step one line: the step, the mean and best dataset reward, the teacher's valid fraction
+    and answer correctness (the world's oracle), the moving average against tau, promotions so far, the
+    step time. The other metrics stay in metrics.jsonl (``--verbose`` prints them)."""
+    run_dir, res, _ = reference_run
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    averages = ["-", f"{rows[1]['promotion/moving_average']:+.4f}", "-"]  # the 2-step window, reset at step 2
+    assert [line for line in res.stdout.splitlines() if line.startswith("step ")] == [
+        f"step {r['step']}/3 | reward mean {r['teacher/reward_mean']:+.4f} best {r['teacher/reward_max']:+.4f} | "
+        f"teacher valid {r['teacher/valid_frac']:.2f}, answers right {r['teacher/answer_correct_frac']:.2f} | "
+        f"moving avg {average} vs tau -1 | promotions {count} | {r['time/step_wall_s']:.1f} s"
+        for r, average, count in zip(rows, averages, [0, 1, 1])]
+    assert "promotion 1 at step 2: moving average" in res.stdout
+    assert "teacher/pg_loss" not in res.stdout and "grading/" not in res.stdout
+
+
+def test_the_step_line_without_an_oracle_or_promotion():
+    """A world without an answer oracle has no answer correctness; with promotion off there is no tau."""
+    import soar
+    from soar.run import outer_step_line
+
+    cfg = soar.compose(["experiment=arith_micro", "loop.answer_oracle=null", "promotion.enabled=false"])
+    metrics = {"teacher/valid_frac": 0.5, "teacher/reward_mean": 0.01, "teacher/reward_max": 0.03,
+               "promotion/moving_average": None, "promotion/count": 0, "time/step_wall_s": 12.34}
+    assert outer_step_line(1, metrics, cfg) == \
+        "step 1/3 | reward mean +0.0100 best +0.0300 | teacher valid 0.50 | promotion off | promotions 0 | 12.3 s"
+
+
+def test_verbose_shows_every_metric_of_a_step(tmp_path, caplog):
+    """The full dump is soar's DEBUG level, which ``--verbose`` (or Hydra's ``hydra.verbose=soar``) turns on.
+    A stage without a line of its own (soar-rl, soar-eval) logs every metric at INFO, as before."""
+    import logging
+    from types import SimpleNamespace
+
+    from soar.run import MetricsLogger
+
+    run = SimpleNamespace(path=tmp_path, cfg=SimpleNamespace(run=SimpleNamespace(loggers=["console"], name="x")))
+    metrics = {"teacher/pg_loss": 0.5, "time/step_wall_s": 1.0}
+    short, full = MetricsLogger(run, console_line=lambda step, m: f"line {step}"), MetricsLogger(run)
+    for level, expected in ((logging.INFO, ["line 1", "step 1 teacher/pg_loss=0.5"]),
+                            (logging.DEBUG, ["step 1 teacher/pg_loss=0.5", "line 1", "step 1 teacher/pg_loss=0.5"])):
+        caplog.clear()
+        with caplog.at_level(level, logger="soar"):
+            short.log(1, metrics)
+            full.log(1, metrics)
+        assert [r.getMessage() for r in caplog.records] == expected
+    short.close(), full.close()
+
+
 def alive(pgid) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -169,7 +219,7 @@ def test_lockstep_preset_is_arith_with_lora_students_on_one_engine():
 
 
 def test_arith_teacher_schedule_spans_the_papers_horizon_whatever_the_run_length():
-    # A gate continued from 40 to 60 steps must be the same run for its first 40 (docs/results.md).
+    # A gate continued from 40 to 60 steps must be the same run for its first 40 (dev/LOG.md).
     import soar
 
     for steps in (10, 40, 60):

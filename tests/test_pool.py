@@ -39,7 +39,7 @@ def rewards_for(world, workers: int, env: dict | None = None, step: int = 0):
     """One group's GroundedReward on ``workers`` pool workers (0: in-process, 1 torch thread)."""
     from omegaconf import OmegaConf
 
-    from soar.teachers.rewards import GroundedReward
+    from soar.rewards import GroundedReward
 
     cfg, tok, base, grader, datasets, qr = world
     cfg = OmegaConf.merge(cfg, {"resources": {"num_workers": workers}})
@@ -158,10 +158,10 @@ def test_pool_size_is_capped_by_cores_naming_the_field(overrides, message, tiny_
 
 def test_pool_size_is_capped_by_ram(tiny_model_dir, monkeypatch):
     import soar
-    from soar import config
+    from soar import memory_plan
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    monkeypatch.setattr(config, "_available_ram_gb", lambda: 4.0)
+    monkeypatch.setattr(memory_plan, "available_ram_gb", lambda: 4.0)
     with pytest.raises(soar.ConfigError, match=r"resources.num_workers: 8 workers .* > 4.0 GB available; at most 3"):
         soar.validate(soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}",
                                     "resources.num_workers=8"]), "train")
@@ -202,10 +202,10 @@ def test_soar_train_on_the_pool_equals_in_process(tiny_model_dir, tmp_path):
 def sized(tiny_model_dir, monkeypatch, *overrides):
     """arith_micro (g = 2 datasets x r = 2: 4 students a step) on a 64-core machine with ample RAM."""
     import soar
-    from soar import config
+    from soar import memory_plan
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    monkeypatch.setattr(config, "_available_ram_gb", lambda: 256.0)
+    monkeypatch.setattr(memory_plan, "available_ram_gb", lambda: 256.0)
     return soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", *overrides])
 
 

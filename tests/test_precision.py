@@ -12,7 +12,7 @@ import torch
 
 from soar.config import LoraConfig, StudentConfig
 from soar.models import build_char_tokenizer, build_tiny_llama
-from soar.students.trainer import RLOOTrainer
+from soar.policy.trainer import RLOOTrainer
 
 pytestmark = pytest.mark.timeout(120)
 

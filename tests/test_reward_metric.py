@@ -25,7 +25,7 @@ def test_gold_prob_is_the_sampled_frequency_of_the_gold_answer(tiny):
     """exp(log p(gold)) equals how often T=1 samples begin with exactly ``\\boxed{gold}`` (within
     4 binomial standard errors over 2000 samples), for problems of 0-3 carries."""
     from soar.generation import HFGenerator, SamplingParams
-    from soar.students.trainer import gold_scores
+    from soar.policy.scores import gold_scores
     from soar.worlds.arith import generate_problems
 
     model, tok = tiny
@@ -44,7 +44,7 @@ def test_gold_prob_is_the_sampled_frequency_of_the_gold_answer(tiny):
 
 def test_gold_logprobs_do_not_depend_on_batching(tiny):
     """Right padding in a batch leaves every problem's log-probability unchanged."""
-    from soar.students.trainer import gold_logprobs
+    from soar.policy.scores import gold_logprobs
     from soar.worlds.arith import generate_problems
 
     model, tok = tiny
@@ -63,8 +63,8 @@ def test_loop_with_gold_logprob_rewards(tiny, tiny_model_dir, tmp_path):
     the step's Q_R (recomputed here), R_k is the replicates' mean, and accuracies stay accuracies."""
     from soar.data import Problem
     from soar.loop import draw_reward_questions
+    from soar.policy.scores import gold_logprobs
     from soar.seeding import derive_seed
-    from soar.students.trainer import gold_logprobs
 
     run_dir = tmp_path / "gold"
     run_cli(micro_args(tiny_model_dir, run_dir, "loop.steps=2", "inner.reward_metric=gold_logprob",

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from soar.students.rloo import k3_kl, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
+from soar.policy.rloo import k3_kl, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +64,7 @@ def test_micro_batch_1_equals_8(loss_norm):
     from types import SimpleNamespace
 
     from soar.models import build_char_tokenizer, build_tiny_llama
-    from soar.students.trainer import RLOOTrainer
+    from soar.policy.trainer import RLOOTrainer
 
     tok = build_char_tokenizer()
     grads = []
@@ -129,7 +129,7 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients(kind):
     from peft import LoraConfig, get_peft_model
 
     from soar.models import build_char_tokenizer, build_tiny_llama
-    from soar.students.rloo import decoder_and_head, full_token_logprobs
+    from soar.policy.rloo import decoder_and_head, full_token_logprobs
 
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden=32, layers=2, heads=2, max_positions=64, seed=4)
@@ -157,7 +157,7 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients(kind):
 MEMORY_SCRIPT = """
 import resource, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from soar.students.rloo import full_token_logprobs, token_logprobs
+from soar.policy.rloo import full_token_logprobs, token_logprobs
 torch.manual_seed(0)
 model = LlamaForCausalLM(LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True))
@@ -204,7 +204,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     and LoRA), less memory (``soar.memory_plan``)."""
     from soar.config import LoraConfig, StudentConfig
     from soar.models import build_char_tokenizer, build_tiny_llama
-    from soar.students.trainer import RLOOTrainer
+    from soar.policy.trainer import RLOOTrainer
 
     tok = build_char_tokenizer()
     prompts = [tok(f"Q{i}:", add_special_tokens=False).input_ids for i in range(4)]

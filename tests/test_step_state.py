@@ -49,7 +49,7 @@ def test_in_process_students_free_training_state_before_the_next_student(tiny_mo
 
 
 def test_groups_metrics_are_merged_not_overwritten():
-    from soar.loop import merge_group_metrics
+    from soar.rewards import merge_group_metrics
 
     a = {"student/inner_reward_mean": 10.0, "student/inner_accuracy": 0.5, "compute/student_steps": 8,
          "compute/student_tokens": 100.0, "student/inner_reward_by_step": [1.0, 3.0], "student/sync_logprob_gap_max": 0.01}
@@ -63,8 +63,7 @@ def test_groups_metrics_are_merged_not_overwritten():
 
 def test_two_groups_per_step_report_both_groups(tiny_model_dir, tmp_path, monkeypatch):
     """The loop's metrics with 2 groups: the mean of what each group's reward reported."""
-    import soar.loop
-    from soar.teachers.rewards import GroundedReward
+    from soar.rewards import GroundedReward, merge_group_metrics
 
     seen = []
     call = GroundedReward.__call__
@@ -91,7 +90,7 @@ def test_two_groups_per_step_report_both_groups(tiny_model_dir, tmp_path, monkey
     assert row["student/inner_reward_mean"] == pytest.approx((seen[0]["student/inner_reward_mean"]
                                                               + seen[1]["student/inner_reward_mean"]) / 2)
     assert row["compute/student_steps"] == seen[0]["compute/student_steps"] + seen[1]["compute/student_steps"]
-    assert soar.loop.merge_group_metrics(seen) == {k: row[k] for k in seen[0]}
+    assert merge_group_metrics(seen) == {k: row[k] for k in seen[0]}
 
 
 def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_only_machine(tmp_path):
@@ -169,13 +168,12 @@ def test_the_teacher_changes_only_after_its_background_checkpoint_is_written(tin
     the loop waits for it or the teacher's update is called: the update must find no write in flight."""
     import threading
 
-    import soar.loop
-    from soar.state import Background
+    from soar.state import Background, Checkpoints
     from soar.teachers.update import TeacherPolicy
     from soar.worlds.arith import generate_problems
 
     in_flight, updates, waits, release = [], [], [], threading.Event()
-    write, update, wait = soar.loop.Loop.write_checkpoint, TeacherPolicy.update, Background.wait
+    write, update, wait = Checkpoints.write, TeacherPolicy.update, Background.wait
 
     def held_write(self, st, teacher_state):
         in_flight.append(st.step)
@@ -196,7 +194,7 @@ def test_the_teacher_changes_only_after_its_background_checkpoint_is_written(tin
             release.set()
         return wait(self)
 
-    monkeypatch.setattr(soar.loop.Loop, "write_checkpoint", held_write)
+    monkeypatch.setattr(Checkpoints, "write", held_write)
     monkeypatch.setattr(TeacherPolicy, "update", watched_update)
     monkeypatch.setattr(Background, "wait", watched_wait)
     hard = tmp_path / "hard.jsonl"

@@ -44,7 +44,7 @@ def setup(tiny_model_dir):
 
 def forced_logprobs(model, tok, prompts, samples):
     """HF log-probs of the given completions (teacher forcing), and the top-2 logit gap per position."""
-    from soar.students.rloo import pack_sequences
+    from soar.policy.rloo import pack_sequences
 
     prompt_ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
     ids, attn, mask = pack_sequences(prompt_ids, [s.token_ids for s in samples], tok.pad_token_id)
@@ -211,7 +211,7 @@ def test_sync_check_passes_when_synced_and_catches_a_skipped_sync(setup):
     loss's forward pass. Skipping one weight push (the engine keeps the pre-update weights) fails."""
     import soar
     from soar.grading import make_grader
-    from soar.students.trainer import RLOOTrainer, SyncError
+    from soar.policy.trainer import RLOOTrainer, SyncError
     from soar.worlds.arith import generate_problems
 
     cfg, tok, model, gen = setup

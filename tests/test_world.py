@@ -171,16 +171,17 @@ def test_default_world_ships_with_the_package(tmp_path, monkeypatch):
     carry-free sums are solved greedily, 12-carry sums are not."""
     import soar
     from soar.models import load_model, load_tokenizer
-    from soar.worlds.arith import build_model, generate_problems, shipped_dir, world_config
+    from soar.worlds.arith import generate_problems, shipped_dir
+    from soar.worlds.base import build_model_hook, get_world
 
     monkeypatch.setenv("HOME", str(tmp_path))  # an empty cache
     cfg = soar.compose(["experiment=arith"])
-    wcfg = world_config(cfg)
+    wcfg = get_world("arith").config(cfg)
     shipped = shipped_dir(wcfg, wcfg.seed)
-    assert shipped is not None and build_model(cfg) == shipped
+    assert shipped is not None and build_model_hook(cfg) == shipped
     info = json.loads((shipped / "train_info.json").read_text())
     assert info["config"]["teacher_carries"] == wcfg.teacher_carries and info["steps"] == wcfg.max_steps
-    assert shipped_dir(world_config(soar.compose(["experiment=arith", "world.seed=1"])), 1) is None
+    assert shipped_dir(get_world("arith").config(soar.compose(["experiment=arith", "world.seed=1"])), 1) is None
     mcfg = type("M", (), {"path": str(shipped), "revision": None, "dtype": "float32", "trust_remote_code": False})
     from soar.worlds.arith import accuracy
 
@@ -198,18 +199,27 @@ def test_world_problems_cli(tmp_path):
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
-def test_world_registry_and_hooks():
+def test_world_registry_and_hooks(tmp_path):
     """``world=<name>`` resolves through the registry; the hooks ``model.build``, ``data.build`` and
     ``loop.answer_oracle`` set to ``world`` reach the configured world's methods, and a dotted path
-    still loads its function; a second world is one subclass (here registered in the test)."""
+    loads a function of the user's; a second world is one subclass (here registered in the test)."""
     from dataclasses import dataclass
 
     from omegaconf import OmegaConf, open_dict
 
     import soar
-    from soar.config import WORLD_CONFIGS, ConfigError
-    from soar.worlds.arith import ArithWorld, oracle_answer
-    from soar.worlds.base import WORLDS, World, get_world, hook_world, register_world, resolve_hook
+    from soar.config import ConfigError
+    from soar.data import Problem, load_problem_records
+    from soar.worlds.arith import ArithWorld, family_problems, oracle_answer
+    from soar.worlds.base import (
+        WORLDS,
+        World,
+        answer_oracle_hook,
+        build_pool_hook,
+        configured_world,
+        get_world,
+        register_world,
+    )
 
     assert isinstance(get_world("arith"), ArithWorld)
     with pytest.raises(ConfigError, match="unknown world 'nope'"):
@@ -217,14 +227,20 @@ def test_world_registry_and_hooks():
     cfg = soar.compose(["experiment=arith_micro"])
     assert cfg.world.name == "arith" and cfg.model.build == cfg.data.build == cfg.loop.answer_oracle == "world"
     # 321 + 654 = 975, every number least-significant digit first
-    assert resolve_hook(cfg, "loop.answer_oracle")("123+456") == oracle_answer("123+456") == "5790"
-    assert resolve_hook(cfg, "data.build") == get_world("arith").build_pool
-    assert hook_world(cfg, "data.build") is get_world("arith")
+    assert answer_oracle_hook(cfg)("123+456") == oracle_answer("123+456") == "5790"
+    pool = build_pool_hook(cfg, tmp_path / "problems")
+    wcfg = configured_world(cfg).config(cfg)
+    assert pool == tmp_path / "problems" / "pool.jsonl"
+    assert [p.question for p in load_problem_records(cfg.data, pool)] == \
+        [p.question for p in family_problems(wcfg, wcfg.hard_carries, wcfg.pool_size, wcfg.seed, "pool")]
+    assert configured_world(cfg).oracle_problems(cfg, 4) == family_problems(wcfg, wcfg.stepping_carries, 4, wcfg.seed,
+                                                                            "oracle")
     with open_dict(cfg):
-        cfg.loop.answer_oracle = "soar.worlds.arith:oracle_answer"  # a dotted path, as older run configs have
-        cfg.data.build = "soar.worlds.arith:build_pool"
-    assert resolve_hook(cfg, "loop.answer_oracle") is oracle_answer
-    assert hook_world(cfg, "data.build") is get_world("arith")
+        cfg.loop.answer_oracle = "soar.worlds.arith:oracle_answer"  # a user's function, by its dotted path
+    assert answer_oracle_hook(cfg) is oracle_answer
+    with open_dict(cfg):
+        cfg.loop.answer_oracle = None
+    assert answer_oracle_hook(cfg) is None
 
     @dataclass
     class EchoConfig:
@@ -233,13 +249,10 @@ def test_world_registry_and_hooks():
 
     @register_world
     class EchoWorld(World):
-        name, config_class, families = "echo", EchoConfig, ("pool",)
+        name, config_class = "echo", EchoConfig
 
-        def family(self, cfg, family, count, prefix):
-            return [make_problem(i, i, 2, f"{prefix}/{i}") for i in range(count)]
-
-        def family_sizes(self, cfg):
-            return {"pool": self.config(cfg).size}
+        def oracle_problems(self, cfg, count):
+            return [Problem(f"oracle/{i}", f"{i}+{i}", str(2 * i)) for i in range(min(count, self.config(cfg).size))]
 
         def answer_oracle(self, cfg, question):
             return "echo"
@@ -247,9 +260,25 @@ def test_world_registry_and_hooks():
     try:
         echo = OmegaConf.create(OmegaConf.to_container(cfg))
         echo.world, echo.loop.answer_oracle = {"name": "echo", "size": 2}, "world"
-        assert resolve_hook(echo, "loop.answer_oracle")("anything") == "echo"
-        assert [p.id for p in get_world("echo").family(echo, "pool", 2, "pool")] == ["pool/0", "pool/1"]
+        assert answer_oracle_hook(echo)("anything") == "echo"
+        assert [p.id for p in configured_world(echo).oracle_problems(echo, 5)] == ["oracle/0", "oracle/1"]
         assert get_world("echo").config(echo).size == 2
     finally:
         WORLDS.pop("echo")
-        WORLD_CONFIGS.pop("echo")
+
+
+def test_every_world_method_has_a_caller():
+    """The World interface holds only what the stages call (issue 51: three of its ten methods had no
+    caller): each method a world implements is called in the package outside the world modules (the
+    stages, or the hooks of ``soar.worlds.base`` they call); ``config`` is the base class's helper for them."""
+    from pathlib import Path
+
+    import soar
+    from soar.worlds.base import World
+
+    package = Path(soar.__file__).parent
+    code = "\n".join(p.read_text() for p in package.rglob("*.py")
+                     if p.parent.name != "worlds" or p.name == "base.py")
+    methods = [name for name, value in vars(World).items() if callable(value) and not name.startswith("_")]
+    assert sorted(methods) == ["answer_oracle", "build_model", "build_pool", "config", "oracle_problems", "run"]
+    assert [m for m in methods if m != "config" and f".{m}(cfg" not in code] == []

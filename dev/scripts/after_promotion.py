@@ -91,9 +91,10 @@ def main() -> None:
     from soar.data import Problem
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
+    from soar.policy.scores import problem_scores
     from soar.seeding import derive_seed
-    from soar.students.trainer import problem_scores, train_student
-    from soar.worlds.base import resolve_hook
+    from soar.students.trainer import train_student
+    from soar.worlds.base import answer_oracle_hook
 
     run = Path(args.run_dir)
     cfg = OmegaConf.load(run / "config.yaml")
@@ -101,7 +102,7 @@ def main() -> None:
     if not 1 <= args.promotion <= len(promotions):
         raise SystemExit(f"--promotion {args.promotion}: {run / 'promotions.jsonl'} has {len(promotions)} promotions")
     promotion = json.loads(promotions[args.promotion - 1])
-    oracle = resolve_hook(cfg, "loop.answer_oracle")  # "world" (newer runs) or a dotted path
+    oracle = answer_oracle_hook(cfg)  # "world" (newer runs) or a dotted path
     mcfg = OmegaConf.merge(cfg.model, {"path": str(run / promotion["path"])})
     promoted, tok, grader = load_model(mcfg), load_tokenizer(mcfg), make_grader(cfg.data.grader)
     hard = [Problem(r["id"], r["question"], r["answer"]) for r in

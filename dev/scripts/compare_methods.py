@@ -119,7 +119,7 @@ def main() -> None:
 
     # 1. world model (cached or packaged) and one shared hard set
     import soar
-    from soar.prepare import resolve_model_path
+    from soar.stage import resolve_model_path
 
     cfg = soar.compose(common)
     resolve_model_path(cfg)

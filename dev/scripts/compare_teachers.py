@@ -189,7 +189,7 @@ def main() -> None:
     common = [f"experiment={args.experiment}", "run.progress=false", "loop.diversity_model=null", *args.overrides]
 
     import soar
-    from soar.prepare import resolve_model_path
+    from soar.stage import resolve_model_path
 
     cfg = soar.compose(common)
     resolve_model_path(cfg)  # the cached or packaged world model (pretrained here if neither)

@@ -23,6 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
+WORLD_RECIPE = ["student.questions_per_step=32", "student.group_size=8", "student.lr=1e-4", "student.max_tokens=24",
+                "student.max_steps=20", "student.micro_batch_size=256", "teacher.prompt=${world.teacher_prompt}",
+                "teacher.questions_per_dataset=32", "teacher.lr=1e-4", "teacher.warmup_steps=3", "teacher.max_tokens=96",
+                "teacher.micro_batch_size=128"]
+"""The world's own student and teacher recipe, which these measurements use (the conf/student/arith.yaml
+and conf/teacher/arith.yaml of before issue 51; experiment=arith tunes it further)."""
+
 _WORKER: dict = {}
 
 
@@ -41,7 +48,8 @@ def _init_worker(model_dir: str, overrides: list[str]) -> None:
 
 def _student(task):
     """(label, seed, problems, eval_sets, eval_samples) -> (label, seed, accuracy, correct vectors, seconds)."""
-    from soar.students.trainer import gold_logprobs, train_student
+    from soar.policy.scores import gold_logprobs
+    from soar.students.trainer import train_student
 
     label, seed, problems, eval_sets, eval_samples = task
     w, t0 = _WORKER, time.perf_counter()
@@ -126,15 +134,15 @@ def main() -> None:
     import soar
     from soar.data import load_problems
     from soar.filters.failk import run_filter
-    from soar.generation import HFGenerator
+    from soar.generation import HFGenerator, correctness
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer, set_threads
-    from soar.students.trainer import correctness
-    from soar.worlds.arith import family_problems, pretrain, world_config, write_families
+    from soar.worlds.arith import family_problems, pretrain, write_families
+    from soar.worlds.base import get_world
 
-    overrides = ["data=arith", "data.path=unused", "student=arith", "teacher=arith", *args.overrides]
+    overrides = ["data=arith", "data.path=unused", *WORLD_RECIPE, *args.overrides]
     cfg = soar.compose(overrides + [f"filter.k={args.k}", "filter.max_tokens=24", "filter.problems_per_batch=4"])
-    wcfg = world_config(cfg)
+    wcfg = get_world("arith").config(cfg)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"overrides": overrides, "args": vars(args)}
@@ -242,7 +250,7 @@ def main() -> None:
     rng = np.random.default_rng(cfg.seed + 11)
     base_reward = base_train if not args.accuracy_samples else correctness(
         gen, grader, hard_train, cfg.data.prompt_template, max_tokens=24, samples=args.accuracy_samples, seed=cfg.seed + 13)
-    from soar.students.trainer import gold_logprobs
+    from soar.policy.scores import gold_logprobs
 
     base_gold = np.asarray(gold_logprobs(model, tok, hard_train, cfg.data.prompt_template, cfg.inner.gold_completion))
     report["base_gold_prob_hard_train"] = float(np.exp(base_gold).mean())

@@ -41,10 +41,11 @@ def main() -> None:
     import torch
 
     import soar
-    from soar.worlds.arith import SHIPPED, pretrain, shipped_dir, world_config, world_hash
+    from soar.worlds.arith import SHIPPED, pretrain, shipped_dir, world_hash
+    from soar.worlds.base import get_world
 
     cfg = soar.compose(["experiment=arith", *args.overrides])
-    wcfg = world_config(cfg)
+    wcfg = get_world("arith").config(cfg)
     shipped = shipped_dir(wcfg, wcfg.seed)
     with tempfile.TemporaryDirectory() as tmp:
         wcfg.out_dir = str(Path(tmp) / "world")

@@ -53,7 +53,7 @@ def main() -> None:
     import soar
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer, model_context
-    from soar.prepare import resolve_model_path
+    from soar.stage import resolve_model_path
     from soar.teachers.update import TeacherPolicy, dataset_advantages
     from soar.worlds.arith import carries_of, oracle_answer, parse_question
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from soar.data import DataError, Problem, load_problems, render_prompt, write_jsonl
 from soar.generation import SamplingParams, make_generator
@@ -146,8 +147,6 @@ class Manifest:
 def run_filter(problems: list[Problem], generator, grader, cfg, out_dir: Path, provenance_extra: dict,
                progress: bool = True) -> dict:
     """Sample k per problem, record outcomes, build the hard split. Returns the summary dict."""
-    from tqdm.auto import tqdm
-
     f = cfg.filter
     sampling = {"temperature": f.temperature, "max_tokens": f.max_tokens, "top_p": 1.0, "top_k": 0}
     provenance = {

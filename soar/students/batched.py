@@ -32,19 +32,13 @@ from soar.data import render_prompt
 from soar.faults import maybe_die
 from soar.generation import HFGenerator, SamplingParams, finish_sample, grade_correctness
 from soar.models import export_policy, save_policy
+from soar.policy.rloo import weighted_rloo_loss
+from soar.policy.scores import REWARD_METRICS, gold_completion_ids
+from soar.policy.trainer import cosine_schedule, grade_rollouts, rollout_metrics
 from soar.samples import sampling_uniforms
 from soar.seeding import derive_seed
 from soar.stacked_llama import CompletionTree, StackedLlama
-from soar.students.rloo import weighted_rloo_loss
-from soar.students.trainer import (
-    GOLD_METRICS,
-    StudentResult,
-    batch_indices,
-    cosine_schedule,
-    gold_completion_ids,
-    grade_rollouts,
-    rollout_metrics,
-)
+from soar.students.trainer import StudentResult, batch_indices
 from soar.tokens import encode_prompts, stop_token_ids
 
 
@@ -309,14 +303,14 @@ class BatchedStudents:
         prompt_ids = prompt_ids[None].expand(S, -1, -1).to(device)
         prompt_mask = prompt_mask[None].expand(S, -1, -1).to(device)
         with torch.no_grad():
-            if metric in GOLD_METRICS:
+            if REWARD_METRICS[metric].uses_gold:
                 gold, mask = pad_right(gold_completion_ids(self.tokenizer, problems, cfg.inner.gold_completion),
                                        self.tokenizer.pad_token_id)
                 gold = gold[None, :, None].expand(S, -1, -1, -1).to(device)
                 logp = stack.completion_logprobs(stack.params, stack.prefill(stack.params, prompt_ids, prompt_mask), gold,
                                                  1.0)
                 logp_SM = (logp[:, :, 0] * mask.to(device)).sum(-1)
-                return (logp_SM.exp() if metric == "gold_prob" else logp_SM).tolist()
+                return (logp_SM.exp() if REWARD_METRICS[metric].probability else logp_SM).tolist()
             samples, max_tokens = cfg.inner.accuracy_samples, scfg.eval_max_tokens or scfg.max_tokens
             n = max(samples, 1)
             uniforms = None if samples == 0 else torch.stack(

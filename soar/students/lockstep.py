@@ -23,18 +23,11 @@ import time
 import numpy as np
 
 from soar.faults import maybe_die
-from soar.generation import generate_many, make_generator
+from soar.generation import correctness_request, generate_many, grade_correctness, make_generator
+from soar.policy.scores import REWARD_METRICS, gold_scores
+from soar.policy.trainer import RLOOTrainer
 from soar.seeding import derive_seed
-from soar.students.trainer import (
-    GOLD_METRICS,
-    RLOOTrainer,
-    StudentResult,
-    batch_indices,
-    correctness_request,
-    gold_scores,
-    grade_correctness,
-    sharing_copy,
-)
+from soar.students.trainer import StudentResult, batch_indices, sharing_copy
 
 _BASELINES = itertools.count()
 
@@ -79,7 +72,7 @@ class LockstepStudents:
                 histories[i].append(trainers[i].step(batches[i], samples_QG, share).metrics)
 
         # Q_R: every student's evaluation in one call, each with its own seed (as ``train_student``)
-        if cfg.inner.reward_metric in GOLD_METRICS:  # one forward pass per student, nothing to generate
+        if REWARD_METRICS[cfg.inner.reward_metric].uses_gold:  # one forward pass per student, nothing to generate
             correct_S = [gold_scores(t.model, self.tokenizer, reward_questions, self.template, cfg.inner.reward_metric,
                                      cfg.inner.gold_completion) for t in trainers]
         else:

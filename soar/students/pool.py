@@ -30,6 +30,9 @@ import os
 from collections import deque
 from dataclasses import dataclass
 
+import torch
+from omegaconf import OmegaConf
+
 from soar.faults import maybe_die
 from soar.generation import make_generator
 from soar.grading import make_grader
@@ -41,8 +44,8 @@ from soar.students.lockstep import LockstepStudents
 from soar.students.promotion import promotion_candidates
 from soar.students.trainer import StudentResult
 
-# ray, torch and omegaconf are imported inside the worker and pool methods: a run without a pool
-# (resources.num_workers=0) never starts or imports Ray.
+# ray is imported inside the worker and pool methods: a run without a pool (resources.num_workers=0)
+# never starts or imports Ray.
 
 log = logging.getLogger("soar.pool")
 
@@ -98,8 +101,6 @@ class StudentTask:
 
     def student_config(self, student_cfg):
         """``student_cfg`` with this task's K."""
-        from omegaconf import OmegaConf
-
         return OmegaConf.merge(student_cfg, {"max_steps": self.inner_steps})
 
 
@@ -175,8 +176,6 @@ class StudentWorker:
 
     def __init__(self, cfg_container: dict, tokenizer, threads: int):
         import ray
-        import torch
-        from omegaconf import OmegaConf
 
         torch.set_num_threads(threads)
         cfg = OmegaConf.create(cfg_container)
@@ -249,7 +248,6 @@ class StudentPool:
 
     def __init__(self, cfg, tokenizer, grader):
         import ray
-        from omegaconf import OmegaConf
 
         self.res, self.tokenizer, self.grader = cfg.resources, tokenizer, grader  # grader: where stats add up
         self.owns_ray = not ray.is_initialized()

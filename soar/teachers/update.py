@@ -15,8 +15,8 @@ import torch
 
 from soar.data import render_prompt
 from soar.generation import SamplingParams, make_generator
-from soar.students.rloo import rloo_advantages
-from soar.students.trainer import RLOOTrainer
+from soar.policy.rloo import rloo_advantages
+from soar.policy.trainer import RLOOTrainer
 from soar.teachers.parse import Reject, parse_pair
 from soar.teachers.prompts import TeacherFormat
 from soar.teachers.sampling import Rollout, sample_valid

@@ -12,26 +12,28 @@ drops a leading 0 would also count; the model never emits such strings in practi
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
 
 from soar.config import ConfigError
 from soar.data import Problem, render_prompt, write_jsonl
+from soar.generation import HFGenerator, correctness
 from soar.grading import make_grader
+from soar.models import build_char_tokenizer, build_tiny_llama, set_threads
 from soar.seeding import derive_seed
 from soar.teachers.prompts import format_pair
 from soar.worlds.base import World, register_world
-
-# torch, transformers and the generation / grading modules are imported inside the functions that
-# train or sample: ``soar.config.discover_worlds`` imports this module to compose any config, and
-# composing stays free of torch.
 
 log = logging.getLogger("soar.world")
 
@@ -257,8 +259,6 @@ def shipped_dir(wcfg: ArithWorldConfig, seed: int) -> Path | None:
 def accuracy(model, tokenizer, problems: list[Problem], template: str, temperature: float = 0.0,
              samples: int = 1, seed: int = 0) -> float:
     """Student accuracy on ``problems``: greedy (``temperature`` 0) or mean over sampled answers."""
-    from soar.generation import HFGenerator, correctness
-
     return float(np.mean(correctness(HFGenerator(model, tokenizer, batch_size=1024), make_grader("integer"), problems,
                                      template, len(problems[0].answer) + 10, samples=0 if temperature == 0 else samples,
                                      seed=seed, temperature=temperature or 1.0)))
@@ -271,8 +271,6 @@ def loss_backward(model, ids: list[list[int]], labels: list[list[int]]):
     all padding (and the attention mask) instead of padding every sequence to the teacher's length.
     Normalising each group by the whole batch's label count makes the gradients add up to the
     full batch's. Yields each group's share of the loss."""
-    import torch
-
     n_labels = sum(label != -100 for row in labels for label in row[1:])  # the loss predicts token t from t-1
     by_length: dict[int, list[int]] = {}
     for i, seq in enumerate(ids):
@@ -288,8 +286,6 @@ def loss_backward(model, ids: list[list[int]], labels: list[list[int]]):
 def padded_loss_backward(model, ids: list[list[int]], labels: list[list[int]], pad_id: int) -> float:
     """Backpropagate the batch's mean token loss in one forward pass over the batch padded to its
     longest sequence (``padded_batches``); returns the loss."""
-    import torch
-
     width = max(map(len, ids))
     x = torch.full((len(ids), width), pad_id)
     y = torch.full((len(ids), width), -100)
@@ -306,8 +302,6 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
 
     Processes that need the same world at once (parallel runs or test workers on a fresh machine)
     build it once: the first holds ``<world dir>.lock`` while it builds, the others wait and load it."""
-    import fcntl
-
     out = world_dir(wcfg, seed)
     if (out / "train_info.json").exists():
         log.info("world model cached at %s", out)
@@ -322,11 +316,6 @@ def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
 
 
 def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: bool) -> Path:
-    import torch
-    from tqdm.auto import tqdm
-
-    from soar.models import build_char_tokenizer, build_tiny_llama, set_threads
-
     if wcfg.teacher_carries not in TEACHER_CARRIES:
         raise ConfigError(f"config error: world.teacher_carries: {wcfg.teacher_carries!r} is not one of {TEACHER_CARRIES}")
     for name in ("pretrain_carry_weights", "teacher_carry_weights"):
@@ -335,8 +324,6 @@ def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: b
             raise ConfigError(f"config error: world.{name}: {len(weights)} weights (carry counts 0..{len(weights) - 1}) "
                               f"but {wcfg.digits}-digit sums have at most {wcfg.digits} carries")
     set_threads(wcfg.threads)
-    import shutil
-
     shutil.rmtree(out.with_name(out.name + ".tmp"), ignore_errors=True)  # a killed build's leftovers
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden=wcfg.hidden, layers=wcfg.layers, heads=wcfg.heads,
@@ -437,6 +424,7 @@ def derive(seed: int, *parts) -> int:
 
 def write_families(wcfg: ArithWorldConfig, seed: int, out: Path) -> dict[str, Path]:
     """Write the hard-set pool and the S / C families as JSONL (ids never collide: one prefix each)."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     families = {"pool": family_problems(wcfg, wcfg.hard_carries, wcfg.pool_size, seed, "pool"),
                 "stepping": family_problems(wcfg, wcfg.stepping_carries, wcfg.family_size, seed, "stepping"),
@@ -462,76 +450,44 @@ def oracle_answer(question: str) -> str | None:
     return None if parsed is None else lsb(parsed[0] + parsed[1], parsed[2] + 1)
 
 
-def build_model(cfg) -> Path:
-    """``model.build`` for the world: the cached world model, else the packaged one, else pretrain it."""
-    wcfg = world_config(cfg)
-    if not wcfg.out_dir and not (world_dir(wcfg, wcfg.seed) / "train_info.json").exists():
-        shipped = shipped_dir(wcfg, wcfg.seed)
-        if shipped is not None:
-            log.info("world model shipped with the package: %s", shipped)
-            return shipped
-    return pretrain(wcfg, wcfg.seed, progress=cfg.run.progress)
-
-
-def build_pool(cfg, out_dir: Path) -> Path:
-    """``data.build`` for the world: write the hard-set candidates (and S / C families)."""
-    return ArithWorld().build_pool(cfg, out_dir)
-
-
-def world_config(cfg) -> ArithWorldConfig:
-    """``cfg.world`` as an ``ArithWorldConfig``."""
-    return ArithWorld().config(cfg)
-
-
-def run_world(cfg, command: str = "pretrain") -> None:
-    """``soar-world pretrain`` builds the world model (into the cache or ``world.out_dir``, even when the
-    package ships it); ``soar-world problems`` writes the pool and the
-    stepping-stone / control families to the run dir. Both print what they wrote."""
-    ArithWorld().run(cfg, command)
-
-
 @register_world
 class ArithWorld(World):
-    """Carry-count addition (``ArithWorldConfig``): families ``pool`` (hard-set candidates,
-    ``hard_carries``), ``stepping`` (stepping stones) and ``control`` (already solved)."""
+    """Carry-count addition (``ArithWorldConfig``): the hard-set candidates (``hard_carries``), the
+    stepping stones (``stepping_carries``: the oracle's questions) and a control family (already solved)."""
 
     name = "arith"
     config_class = ArithWorldConfig
-    grader = "integer"
-    families = ("pool", "stepping", "control")
 
     def build_model(self, cfg) -> Path:
-        return build_model(cfg)
-
-    def family(self, cfg, family: str, count: int, prefix: str) -> list[Problem]:
+        """The cached world model, else the packaged one, else pretrain it."""
         wcfg = self.config(cfg)
-        carries = {"pool": wcfg.hard_carries, "stepping": wcfg.stepping_carries, "control": wcfg.control_carries}
-        return family_problems(wcfg, carries[family], count, wcfg.seed, prefix)
+        if not wcfg.out_dir and not (world_dir(wcfg, wcfg.seed) / "train_info.json").exists():
+            shipped = shipped_dir(wcfg, wcfg.seed)
+            if shipped is not None:
+                log.info("world model shipped with the package: %s", shipped)
+                return shipped
+        return pretrain(wcfg, wcfg.seed, progress=cfg.run.progress)
 
-    def family_sizes(self, cfg) -> dict[str, int]:
+    def build_pool(self, cfg, out_dir: Path) -> Path:
+        """The hard-set candidates, written with the stepping-stone and control families."""
         wcfg = self.config(cfg)
-        return {"pool": wcfg.pool_size, "stepping": wcfg.family_size, "control": wcfg.family_size}
+        return write_families(wcfg, wcfg.seed, out_dir)["pool"]
 
-    def student_template(self, cfg) -> str:
-        return self.config(cfg).student_template
-
-    def teacher_prompt(self, cfg) -> str:
-        return self.config(cfg).teacher_prompt
+    def oracle_problems(self, cfg, count: int) -> list[Problem]:
+        """Stepping stones (ids ``oracle/...``): solved sometimes, and training on them moves the hard set."""
+        wcfg = self.config(cfg)
+        return family_problems(wcfg, wcfg.stepping_carries, count, wcfg.seed, "oracle")
 
     def answer_oracle(self, cfg, question: str) -> str | None:
         return oracle_answer(question)
 
-    def frontier_report(self, cfg, model_path: str | Path) -> dict:
-        """The pretraining record of a world model: steps, whether it stopped at the frontier, and
-        greedy / T=1 accuracy by carry count (``dev/scripts/frontier.py`` measures the full frontier:
-        fail@k, stepping-stone gains, the base teacher)."""
-        info = json.loads((Path(model_path) / "train_info.json").read_text())
-        return {k: info.get(k) for k in ("steps", "stopped_at_frontier", "accuracy_by_carries")}
-
     def run(self, cfg, command: str) -> None:
+        """``soar-world pretrain`` builds the world model (into the cache or ``world.out_dir``, even when
+        the package ships it); ``soar-world problems`` writes the pool and the stepping-stone / control
+        families to the run dir. Both print what they wrote."""
         wcfg = self.config(cfg)
         if command == "pretrain":  # always pretrains (or reuses its own cache), never the packaged copy
             print(pretrain(wcfg, wcfg.seed, progress=cfg.run.progress))
         else:
             out = Path(cfg.run.dir or Path("runs") / cfg.run.name)
-            print(json.dumps({k: str(v) for k, v in self.write_families(cfg, out).items()}))
+            print(json.dumps({k: str(v) for k, v in write_families(wcfg, wcfg.seed, out).items()}))

@@ -1,4 +1,5 @@
-"""Teacher rewards behind one interface: a callable that scores the g datasets of one group.
+"""The teacher's rewards (``teacher.reward``), one interface: a callable that scores the g datasets of
+one group, registered by name in ``TEACHER_REWARDS`` beside its implementation.
 
 - ``grounded`` (SOAR, paper §1.2): r students per dataset, each a copy of the baseline trained
   K inner steps on it, evaluated on the step's reward questions Q_R;
@@ -8,6 +9,9 @@
   teacher's own answer; r_i = 0 if s = 0 else 1 - s; R_k = mean_i r_i. Variants published by
   other self-play systems: ``intrinsic_4p1p`` 4s(1-s), ``intrinsic_min`` min(s, 1-s),
   ``intrinsic_mixed`` 1 if 0 < s < 1.
+
+It brings the two roles together (students scoring the teacher's datasets), so it sits beside
+``soar.teachers`` and ``soar.students``, which never import each other.
 """
 
 from __future__ import annotations
@@ -22,18 +26,31 @@ from soar.seeding import derive_seed
 from soar.students.pool import StudentTask, make_students
 from soar.students.trainer import StudentResult
 
+TEACHER_REWARDS: dict[str, type] = {}
+"""``teacher.reward`` -> the reward's class, built with ``(cfg, tokenizer, grader, template)``; its
+``trains_students`` says whether it trains students (and so whether there are any to promote). The
+loop, ``soar.validation`` and the ``${student_tasks:}`` resolver read it."""
 
-def intrinsic_question_reward(s: float, kind: str) -> float:
-    """Per-question learnability reward from the student's success rate ``s``."""
-    if kind == "intrinsic":
-        return 0.0 if s == 0 else 1.0 - s
-    if kind == "intrinsic_4p1p":
-        return 4.0 * s * (1.0 - s)
-    if kind == "intrinsic_min":
-        return min(s, 1.0 - s)
-    if kind == "intrinsic_mixed":
-        return float(0.0 < s < 1.0)
-    raise ValueError(f"unknown intrinsic reward {kind!r}")
+
+def register_teacher_reward(name: str):
+    """Class decorator: ``teacher.reward=<name>`` builds this class."""
+    def register(reward_class: type) -> type:
+        TEACHER_REWARDS[name] = reward_class
+        return reward_class
+    return register
+
+
+def make_teacher_reward(cfg, tokenizer, grader, template: str):
+    """The reward ``teacher.reward`` names."""
+    return TEACHER_REWARDS[cfg.teacher.reward](cfg, tokenizer, grader, template)
+
+
+def student_tasks_per_step(cfg) -> int:
+    """Students an outer step trains: ``teacher.groups_per_step`` x g x r with a reward that trains
+    students (the pool's tasks); the intrinsic rewards train none."""
+    if not TEACHER_REWARDS[cfg.teacher.reward].trains_students:
+        return 0
+    return cfg.teacher.groups_per_step * cfg.teacher.datasets * cfg.inner.replicates
 
 
 @dataclass
@@ -46,12 +63,33 @@ class GroupRewards:
     metrics: dict = field(default_factory=dict)
 
 
+def merge_group_metrics(per_group: list[dict]) -> dict:
+    """One step's reward metrics from its ``teacher.groups_per_step`` groups: ``compute/*`` summed,
+    ``*_max`` the largest, other numbers and per-inner-step lists the mean over groups (the groups
+    are alike: g*r students of the same K each, so that is also the mean over all the step's students)."""
+    out = {}
+    for key in dict.fromkeys(k for metrics in per_group for k in metrics):
+        values = [metrics[key] for metrics in per_group if key in metrics]
+        if key.startswith("compute/"):
+            out[key] = sum(values)
+        elif key.endswith("_max"):
+            out[key] = max(values)
+        elif isinstance(values[0], list):
+            out[key] = np.mean(values, axis=0).tolist()
+        else:
+            out[key] = float(np.mean(values))
+    return out
+
+
 def as_problems(rollouts, step: int, group: int, k: int) -> list[Problem]:
     return [Problem(f"t{step}/g{group}/d{k}/{i}", r.question, r.answer, "teacher") for i, r in enumerate(rollouts)]
 
 
+@register_teacher_reward("grounded")
 class GroundedReward:
     """r students per dataset, trained by ``soar.students.pool`` (in-process, or a Ray worker pool)."""
+
+    trains_students = True
 
     def __init__(self, cfg, tokenizer, grader, template: str):
         self.cfg = cfg
@@ -86,7 +124,17 @@ class GroundedReward:
         self.students.close()
 
 
+@register_teacher_reward("intrinsic")
 class IntrinsicReward:
+    """No inner loop: R_k is the mean over dataset k's questions of ``question_reward(s)``, s the fixed base
+    student's success rate on the question. The paper's Intrinsic-T: 0 if s = 0 else 1 - s."""
+
+    trains_students = False
+
+    @staticmethod
+    def question_reward(s: float) -> float:
+        return 0.0 if s == 0 else 1.0 - s
+
     def __init__(self, cfg, tokenizer, grader, template: str):
         self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
         self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
@@ -100,7 +148,7 @@ class IntrinsicReward:
             s = correctness(gen, self.grader, dataset, self.template, cfg.student.max_tokens, tuple(cfg.student.stop),
                             cfg.teacher.intrinsic_samples, derive_seed(cfg.seed, "intrinsic", step, group, k))
             rates += s
-            rewards_K.append(float(np.mean([intrinsic_question_reward(x, cfg.teacher.reward) for x in s])))
+            rewards_K.append(float(np.mean([self.question_reward(x) for x in s])))
             if progress is not None:
                 progress.update(1)
         return GroupRewards(np.array(rewards_K)[:, None], [], {"teacher/intrinsic_success_rate": float(np.mean(rates))})
@@ -109,5 +157,28 @@ class IntrinsicReward:
         pass
 
 
-def make_teacher_reward(cfg, tokenizer, grader, template: str):
-    return (GroundedReward if cfg.teacher.reward == "grounded" else IntrinsicReward)(cfg, tokenizer, grader, template)
+@register_teacher_reward("intrinsic_4p1p")
+class FourSOneMinusSReward(IntrinsicReward):
+    """4s(1-s): largest at s = 1/2."""
+
+    @staticmethod
+    def question_reward(s: float) -> float:
+        return 4.0 * s * (1.0 - s)
+
+
+@register_teacher_reward("intrinsic_min")
+class MinReward(IntrinsicReward):
+    """min(s, 1-s)."""
+
+    @staticmethod
+    def question_reward(s: float) -> float:
+        return min(s, 1.0 - s)
+
+
+@register_teacher_reward("intrinsic_mixed")
+class MixedReward(IntrinsicReward):
+    """1 if the student is sometimes right and sometimes wrong (0 < s < 1)."""
+
+    @staticmethod
+    def question_reward(s: float) -> float:
+        return float(0.0 < s < 1.0)

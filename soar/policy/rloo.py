@@ -1,5 +1,5 @@
-"""The pure pieces of RLOO (Ahmadian et al. 2024) as used for SOAR students: advantages, the k3 KL
-estimator, per-token log-probs and the policy-gradient loss. No state, so tests pin them by hand.
+"""The pure pieces of RLOO (Ahmadian et al. 2024) as SOAR's students and teacher use them: advantages,
+the k3 KL estimator, per-token log-probs and the policy-gradient loss. No state, so tests pin them by hand.
 
 Shape suffixes: ``_QG`` = (questions, samples per question), ``_BT`` = (sequences, tokens).
 """
@@ -7,6 +7,7 @@ Shape suffixes: ``_QG`` = (questions, samples per question), ``_BT`` = (sequence
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from soar.config import LOGITS_CHUNK_ELEMENTS
 
@@ -67,8 +68,6 @@ def token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.T
     for start in range(0, width, step):
         args = (head, hidden_BTH[:, start:start + step], targets_BT[:, start:start + step], temperature, raw)
         if checkpointed:
-            from torch.utils.checkpoint import checkpoint
-
             chunks.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
             chunks.append(_chunk_logprobs(*args))

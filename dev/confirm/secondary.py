@@ -1,0 +1,87 @@
+"""The confirmation's secondary readings (PROTOCOL.md a-c), run from the frozen commit's code once every
+registered pair has finished, and packed beside the runs for ``analyze.py``.
+
+    nice -n 10 python dev/confirm/secondary.py --code /work/confirm/code --runs /work/confirm/runs \
+        --out /work/confirm/secondary --raw /work/confirm/raw         # resumable: finished parts are kept
+
+a. ``after_promotion.py GT --against BT --promotion 1 --from-step 28 --datasets 13 --students 1
+   --variants as_written`` per seed whose Grounded-T run promoted -> ``raw/paired_s<seed>.json``;
+b, c. ``compare_methods.py --gate RUNS --rows Hard-Only Grounded-T Base-T SOAR-PQ "Base-T PQ" --students 1
+   --min-promotions 1`` -> each fresh student's ``eval.json`` as ``raw/fresh/<Row>_s<seed>/eval.json``,
+   and each Grounded-T / Base-T run's PQ export card as ``raw/<variant>_s<seed>/export_pq.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from run import protocol, seeds  # noqa: E402  (dev/confirm/run.py)
+
+ROWS = ["Hard-Only", "Grounded-T", "Base-T", "SOAR-PQ", "Base-T PQ"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--code", required=True, help="the frozen commit's worktree")
+    ap.add_argument("--runs", required=True, help="run.py's --out")
+    ap.add_argument("--out", required=True, help="where the secondary readings' own runs go")
+    ap.add_argument("--raw", default=str(HERE / "raw"))
+    ap.add_argument("--parallel", type=int, default=2)
+    args = ap.parse_args()
+    code, runs, out, raw = (Path(p).resolve() for p in (args.code, args.runs, args.out, args.raw))
+    seed_list = seeds(protocol())
+    missing = [s for s in seed_list for v in ("grounded", "base") if not (runs / f"{v}_s{s}" / "summary.json").exists()]
+    if missing:
+        raise SystemExit(f"runs not finished for seeds {sorted(set(missing))}: the secondary readings come after all")
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "TOKENIZERS_PARALLELISM": "false"}
+    if not (runs / "hard_set").exists():  # compare_methods --gate reads the gate's hard set there
+        (runs / "hard_set").symlink_to(code / protocol()["hard_set"])
+
+    def paired(seed: int) -> None:
+        dest = raw / f"paired_s{seed}.json"
+        gt, bt = runs / f"grounded_s{seed}", runs / f"base_s{seed}"
+        if dest.exists() or not (gt / "promotions.jsonl").read_text().strip():
+            return  # done, or no promoted student to score against
+        with open(out / f"paired_s{seed}.log", "w") as log:
+            subprocess.run([sys.executable, str(code / "dev" / "scripts" / "after_promotion.py"), str(gt), "--against",
+                            str(bt), "--promotion", "1", "--from-step", "28", "--datasets", "13", "--students", "1",
+                            "--variants", "as_written", "--out", str(out / f"paired_s{seed}.json")],
+                           env=env, cwd=code, stdout=log, stderr=subprocess.STDOUT, check=True)
+        shutil.copyfile(out / f"paired_s{seed}.json", dest)
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(paired, seed_list))
+    methods = out / "methods"
+    with open(out / "compare_methods.log", "a") as log:
+        subprocess.run([sys.executable, str(code / "dev" / "scripts" / "compare_methods.py"), "--out", str(methods),
+                        "--gate", str(runs), "--seeds", *map(str, seed_list), "--rows", *ROWS, "--students", "1",
+                        "--min-promotions", "1", "--parallel", str(args.parallel)],
+                       env=env, cwd=code, stdout=log, stderr=subprocess.STDOUT, check=True)
+    for path in (methods / "eval").glob("*_s*/eval.json"):
+        label = json.loads(path.read_text())["label"]
+        k = int(path.parent.name.rsplit("_s", 1)[1])
+        if label in ROWS:
+            dest = raw / "fresh" / f"{label.replace(' ', '_')}_s{k // 100}"
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest / "eval.json")
+    for s in seed_list:
+        for variant in ("grounded", "base"):
+            card = runs / f"{variant}_s{s}" / "export_pq" / "export.json"
+            if card.exists():
+                shutil.copyfile(card, raw / f"{variant}_s{s}" / "export_pq.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Hydra's side of the configuration: the schema (``soar.config``) and every world's config class
+registered with Hydra's ConfigStore, the resolvers the YAML uses, and ``compose``.
+
+    cfg = soar.compose(["experiment=arith_micro", "seed=1"])
+
+Each world registers itself when ``soar.worlds`` is imported (every module of that folder is); a world's
+config class is the schema ``<name>_schema`` of the ``world`` group, so ``conf/world/<name>.yaml`` (chosen
+by ``world=<name>``) is typed and documented by it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from soar.config import SoarConfig
+from soar.data import shared_data_dir
+from soar.rewards import student_tasks_per_step
+from soar.worlds.base import WORLDS
+
+
+def conf_dir() -> Path:
+    """The Hydra config folder: ``soar/conf`` in an installed wheel, ``conf/`` in a checkout."""
+    packaged = Path(__file__).resolve().parent / "conf"  # wheel: conf/ is mapped into the package
+    if (packaged / "config.yaml").is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "conf"  # checkout or editable install
+
+
+_registered = False
+
+
+def register_configs() -> None:
+    """Register the schema and every world's config class with Hydra's ConfigStore, and the resolvers
+    (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    cs = ConfigStore.instance()
+    cs.store(name="soar_schema", node=SoarConfig)
+    for name, world in WORLDS.items():
+        cs.store(group="world", name=f"{name}_schema", node=world.config_class)
+    if not OmegaConf.has_resolver("soar_data_dir"):  # the benchmark files' folder (data.path)
+        OmegaConf.register_new_resolver("soar_data_dir", lambda: str(shared_data_dir()))
+    if not OmegaConf.has_resolver("student_tasks"):  # resources.num_workers: one worker per student
+        OmegaConf.register_new_resolver("student_tasks", lambda *, _root_: student_tasks_per_step(_root_))
+    _registered = True
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "config"):
+    """Compose a config without running a CLI, e.g. ``soar.compose(["experiment=arith_micro"])``."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []))

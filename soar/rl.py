@@ -1,0 +1,88 @@
+"""``soar-rl``: one student trained with RLOO on a question file, the paper's student recipe (§1.3) on its
+own, with resume and metrics.
+
+    soar-rl model.path=PATH data=custom data.path=train.jsonl data.grader=integer \
+        student.max_steps=20 run.name=my_rl
+
+Per step: pick ``questions_per_step`` questions (shuffled per epoch from the seed, without
+replacement, wrapping: ``soar.students.trainer.batch_indices``) and take one ``RLOOTrainer`` step on them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from soar.data import load_problems, render_prompt
+from soar.grading import make_grader
+from soar.models import load_model, load_trainer_state
+from soar.policy.trainer import RLOOTrainer
+from soar.run import MetricsLogger
+from soar.stage import setup_stage
+from soar.students.trainer import batch_indices
+
+log = logging.getLogger("soar.rl")
+
+
+def run_rl(cfg) -> dict:
+    """The ``soar-rl`` stage: train one student on a question file, with resume and metrics."""
+    s = cfg.student
+
+    def read_questions(stage):  # before the run dir is written
+        problems = load_problems(cfg.data)
+        eval_problems = load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else []
+        prompts = [render_prompt(cfg.data.prompt_template, p.question) for p in problems + eval_problems]
+        stage.check_prompts(prompts, max(s.max_tokens, s.eval_max_tokens or 0), "student.max_tokens",
+                            [p.id for p in problems + eval_problems])
+        return problems, eval_problems
+
+    stage = setup_stage(cfg, "rl", prepare=read_questions)
+    run, tokenizer, model = stage.run, stage.tokenizer, stage.model
+    try:
+        problems, eval_problems = stage.prepared
+        ref = load_model(cfg.model) if s.lora.r == 0 and s.kl_coef > 0 else None
+        trainer = RLOOTrainer(model, tokenizer, make_grader(cfg.data.grader), s, cfg.data.prompt_template,
+                              cfg.seed, ref_model=ref, batch_size=cfg.backend.batch_size)
+        start = 0
+        if run.resume_from is not None:
+            trainer.load_state_dict(load_trainer_state(run.resume_from / "state.pt"))
+            start = trainer.step_count
+            log.info("resumed from %s (step %d)", run.resume_from, start)
+        metrics_log = MetricsLogger(run, resume_step=start if run.resume_from is not None else None)
+
+        def eval_metrics() -> dict:
+            return {"eval/accuracy": float(np.mean(trainer.evaluate(eval_problems, s.eval_max_tokens)))}
+
+        if eval_problems and start == 0:
+            metrics_log.log(0, eval_metrics())
+        bar = tqdm(range(start, s.max_steps), desc="soar-rl", initial=start, total=s.max_steps,
+                   disable=not cfg.run.progress, unit="step")
+        last = {}
+        for step in bar:
+            batch = [problems[i] for i in batch_indices(len(problems), step, s.questions_per_step, cfg.seed)]
+            trainer.grader.reset_stats()  # grading/* metrics are per step
+            result = trainer.step(batch)
+            last = dict(result.metrics)
+            last.update(trainer.grader.stats.as_metrics())
+            done = step + 1
+            if eval_problems and s.eval_every and done % s.eval_every == 0 and done < s.max_steps:
+                last.update(eval_metrics())
+            if eval_problems and done == s.max_steps:
+                last.update(eval_metrics())
+            metrics_log.log(done, last)
+            bar.set_postfix(reward=f"{last['student/reward_mean']:.1f}", acc=f"{last['student/accuracy']:.2f}")
+            if done % s.save_every == 0 or done == s.max_steps:
+                with run.checkpoint(done) as ckpt:
+                    torch.save(trainer.state_dict(), ckpt / "state.pt")
+        final = run.path / "final"
+        trainer.save_pretrained(final)
+        summary = {"steps": s.max_steps, "final_dir": str(final), "last": last}
+        (run.path / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+        metrics_log.close()
+        return summary
+    finally:
+        stage.close()
