@@ -105,6 +105,7 @@ RESUME_FREE_KEYS = (
     "loop.steps",  # extending a run (a teacher.max_steps of ${loop.steps}, its cosine horizon, is compared)
     "run.",  # where the run lives and how it is run: name, dir, resume policy, threads, loggers, progress bars
     "loop.keep_last", "loop.keep_every", "loop.checkpoint_every", "loop.async_checkpoint",  # what is kept, when
+    "loop.dump_every", "loop.dump_completions",  # what the step dumps show
     "resources.num_workers", "resources.threads_per_worker", "resources.engine_threads", "resources.ray_address",
     "resources.gpu_memory_gb", "resources.check_memory",  # where CPU students train (the same results) and planning
     "backend.vllm.kv_cache_gb", "backend.vllm.gpu_memory_utilization",  # the engine's memory

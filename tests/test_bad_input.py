@@ -708,7 +708,7 @@ def test_ctrl_c_mid_step_prints_one_line_and_exits_130(tiny_model_dir, uninterru
     import signal
 
     args = train_args(tmp_path / "run", "loop.steps=3", f"loop.hard_set={uninterrupted / 'hard_set'}", model=tiny_model_dir)
-    rc, out, err = run_until(args, "step 1 ", signal.SIGINT)  # logged after step 1: step 2 is under way
+    rc, out, err = run_until(args, "step 1/", signal.SIGINT)  # the line of step 1: step 2 is under way
     shown = f"rc={rc}\n{out[-2000:]}\n{err[-2000:]}"
     assert rc == 130 and "Traceback" not in out + err, shown
     lines = [line for line in err.splitlines() if line.startswith("soar: ")]
