@@ -679,9 +679,10 @@ def test_a_50_mb_question_is_refused_before_it_is_tokenised(tiny_model_dir, tmp_
     assert peak_gb < 4, f"{peak_gb:.1f} GB"
 
 
-def run_until(args, marker: str, signum, timeout: float = 240) -> tuple[int, str, str]:
+def run_until(args, marker: str, signum, timeout: float = 240, exists: Path | None = None) -> tuple[int, str, str]:
     """Start ``args`` in its own process group, send ``signum`` to the group once a stdout line (where
-    soar logs) holds ``marker``; returns (exit code, stdout, stderr)."""
+    soar logs) holds ``marker`` and then the file ``exists`` (if given) does; returns (exit code,
+    stdout, stderr)."""
     import tempfile
 
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
@@ -692,6 +693,9 @@ def run_until(args, marker: str, signum, timeout: float = 240) -> tuple[int, str
         for line in proc.stdout:
             out.append(line)
             if marker in line:
+                while exists is not None and not exists.exists() and proc.poll() is None:
+                    assert time.monotonic() < deadline, f"{exists} never written"
+                    time.sleep(0.02)
                 os.killpg(proc.pid, signum)
                 break
             assert time.monotonic() < deadline, "".join(out[-20:])
@@ -708,12 +712,14 @@ def test_ctrl_c_mid_step_prints_one_line_and_exits_130(tiny_model_dir, uninterru
     import signal
 
     args = train_args(tmp_path / "run", "loop.steps=3", f"loop.hard_set={uninterrupted / 'hard_set'}", model=tiny_model_dir)
-    rc, out, err = run_until(args, "step 1/", signal.SIGINT)  # the line of step 1: step 2 is under way
+    # step 1's line is logged before its checkpoint is written (in the background): wait for that too
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000001"
+    rc, out, err = run_until(args, "step 1/", signal.SIGINT, exists=ckpt / "DONE")  # step 2 is under way
     shown = f"rc={rc}\n{out[-2000:]}\n{err[-2000:]}"
     assert rc == 130 and "Traceback" not in out + err, shown
     lines = [line for line in err.splitlines() if line.startswith("soar: ")]
     assert lines == [f"soar: interrupted (SIGINT); rerun the same command to resume from its last checkpoint, "
-                     f"{tmp_path / 'run' / 'checkpoints' / 'step_000001'}; exit 130"], shown
+                     f"{ckpt}; exit 130"], shown
 
 
 def test_sigterm_during_setup_stops_at_once_and_says_nothing_was_checkpointed(tiny_model_dir, tmp_path):
