@@ -43,8 +43,9 @@ from soar.loop import LoopError, run_train
 from soar.memory_plan import PROMPT_TOKENS
 from soar.report import main as report
 from soar.rl import run_rl
-from soar.run import RunDirError, disk_full
+from soar.run import RunDirError, disk_full, latest_checkpoint
 from soar.rundata import RunDataError
+from soar.signals import EXIT_INTERRUPTED, EXIT_STOPPED, StoppedDuringSetup
 from soar.vllm_backend import EngineStartError
 from soar.worlds.base import configured_world
 
@@ -79,11 +80,14 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
     def _run(cfg) -> None:
         if debug_logs:  # after Hydra has configured logging (as hydra.verbose=soar would)
             logging.getLogger("soar").setLevel(logging.DEBUG)
+        run_dir = Path(cfg.run.dir or Path("runs") / cfg.run.name)
         try:
             stage_fn(cfg)
         except Exception as exc:
-            _exit_if_user_error(stage_error_message(exc, Path(cfg.run.dir or Path("runs") / cfg.run.name)), verbose)
+            _exit_if_user_error(stage_error_message(exc, run_dir), verbose)
             raise
+        except (KeyboardInterrupt, StoppedDuringSetup) as exc:
+            _exit_stopped(exc, run_dir, verbose)
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises composition errors instead of printing them
     try:
@@ -92,6 +96,30 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
         cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
         _exit_if_user_error(f"config error: {exc}" + (f" ({cause})" if cause else ""), verbose)
         raise
+    except KeyboardInterrupt as exc:  # before the stage started: nothing written
+        _exit_stopped(exc, None, verbose)
+
+
+def _exit_stopped(exc: BaseException, run_dir: Path | None, verbose: bool) -> None:
+    """Ctrl-C (``KeyboardInterrupt``), or a stop signal during setup (``StoppedDuringSetup``): one line
+    saying what happened and where a rerun resumes, then exit 130 or 75 (``soar.signals``); the
+    traceback only with ``verbose``."""
+    if verbose:
+        raise exc
+    ckpt = latest_checkpoint(run_dir / "checkpoints") if run_dir is not None else None
+    if run_dir is None:
+        resume = "nothing was written"
+    elif ckpt is not None:
+        resume = f"rerun the same command to resume from its last checkpoint, {ckpt.resolve()}"
+    else:
+        resume = f"no checkpoint in {run_dir} yet: rerun the same command to start again (a fail@k manifest keeps " \
+                 "its finished batches)"
+    if isinstance(exc, StoppedDuringSetup):
+        what, code = f"stopped by {exc.signal_name} during setup, before this command's first outer step", EXIT_STOPPED
+    else:
+        what, code = "interrupted (SIGINT)", EXIT_INTERRUPTED
+    print(f"soar: {what}; {resume}; exit {code}", file=sys.stderr, flush=True)
+    sys.exit(code)
 
 
 def _exit_if_user_error(message: str | None, verbose: bool) -> None:

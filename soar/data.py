@@ -76,6 +76,8 @@ def _read_rows(path: str, split: str, member: str | None, bad_rows: dict[int, st
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[split]
         return ds
+    if p.is_dir():
+        return _read_folder(p, split)
     if not p.is_file():
         return datasets.load_dataset(path, split=split)  # hub id (needs network or a local cache)
     builder = _builder(p.name)
@@ -94,6 +96,22 @@ def _read_rows(path: str, split: str, member: str | None, bad_rows: dict[int, st
         raise DataError(f"{p}: cannot be read as {builder}: {_reason(exc)}") from exc
 
 
+def _read_folder(p: Path, split: str):
+    """A local folder that is not a ``save_to_disk`` dataset: ``datasets`` reads a folder of data files
+    as one table when it can (files of one format and the same columns); otherwise it is refused in one
+    line naming the folder, its files and the reason (``datasets`` raised a 100-line traceback)."""
+    import datasets
+
+    files = sorted(f.name for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+    try:
+        return datasets.load_dataset(str(p), split=split)
+    except Exception as exc:
+        shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        raise DataError(f"data.path: {p} is a folder of {len(files)} files ({shown or 'none'}) that cannot be read as "
+                        f"one dataset: {_reason(exc)}; give one file as data.path (its bad rows are then named and "
+                        "follow data.on_bad_row), or make the files' columns agree") from None
+
+
 def _check_zip_member(p: Path, member: str) -> None:
     """The archive opens, holds ``member``, and the member decompresses with a matching CRC (checked
     once up front: a streamed read would fail mid-file with zipfile's bare ``Bad CRC-32``)."""
@@ -110,7 +128,8 @@ def _check_zip_member(p: Path, member: str) -> None:
 
 def _json_text(p: Path) -> str:
     try:
-        with (gzip.open(p, "rt", encoding="utf-8") if p.name.endswith(".gz") else open(p, encoding="utf-8")) as fh:
+        # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first row
+        with (gzip.open(p, "rt", encoding="utf-8-sig") if p.name.endswith(".gz") else open(p, encoding="utf-8-sig")) as fh:
             text = fh.read()
     except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as exc:
         raise DataError(f"{p}: cannot be read as UTF-8 JSON text ({exc})") from None
@@ -170,12 +189,28 @@ def _clean(value: Any) -> str | None:
         if len(value) > 1:
             raise _BadValue(f"holds {len(value)} values (expected one)")
         value = value[0] if value else None
+    if isinstance(value, dict):  # its Python repr is no question
+        raise _BadValue("is a JSON object (expected text or a number)")
     if value is None:
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = str(value).strip()
     return text or None
+
+
+UNSAFE_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""Characters no question or answer may hold, in data rows as in teacher output
+(``soar.teachers.parse``): C0 controls but tab, newline and carriage return; DEL; the bidirectional
+embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069: they make the text read
+differently from what it is); lone surrogates. They break tokenizers, JSON consumers and parquet.
+None occurs in the seven benchmark files."""
+
+
+def unsafe_character(text: str) -> str | None:
+    """The first character of ``text`` that ``UNSAFE_CHARACTERS`` refuses, as ``U+XXXX at position i``."""
+    found = UNSAFE_CHARACTERS.search(text)
+    return None if found is None else f"U+{ord(found.group()):04X} at position {found.start()}"
 
 
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
@@ -256,6 +291,9 @@ def _row_problem(data_cfg, row: dict, pid: str) -> Problem:
                 value = ANSWER_NORMALIZERS[name](value) or None
         if value is None:
             raise _BadValue(f"field {key!r} is missing or empty (id {pid!r})")
+        bad = unsafe_character(value)
+        if bad:
+            raise _BadValue(f"field {key!r} holds a control or bidirectional-override character ({bad}; id {pid!r})")
         values.append(value)
     return Problem(pid, values[0], values[1], data_cfg.name, _jsonable(_meta(data_cfg, row)))
 

@@ -48,7 +48,7 @@ from omegaconf import open_dict
 from soar.config import ConfigError
 from soar.loop import Loop
 from soar.memory_plan import PROMPT_TOKENS, check_plan, plan, plan_report
-from soar.prepare import setup_train
+from soar.prepare import read_train_inputs, setup_train
 from soar.run import MetricsLogger
 from soar.stage import resolve_model_path, setup_stage
 from soar.validation import validate
@@ -79,7 +79,7 @@ def calibrate(cfg, steps: int = 1, run_dir: str | Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="soar_estimate_") as tmp:
         with open_dict(cfg):  # a fresh, private run: never resume a real one or log to wandb
             cfg.run.dir, cfg.run.resume, cfg.run.loggers = str(run_dir or tmp), "never", ["jsonl"]
-        stage = setup_stage(cfg, "train")
+        stage = setup_stage(cfg, "train", prepare=read_train_inputs)
         try:
             hard = setup_train(cfg, stage)
             loop = Loop(cfg, stage.run, stage.tokenizer, stage.model, hard)

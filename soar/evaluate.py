@@ -310,15 +310,13 @@ def run_eval(cfg) -> dict:
     validate_eval(cfg)
     found = {}
 
-    def checks() -> None:  # before the run dir is written
+    def checks() -> None:  # before the run dir is opened (a soar-train run dir is refused there: soar.run)
         found["run"] = run = read_run(ecfg.run_dir) if ecfg.run_dir else None
         if run is None and ecfg.method in ("pq", "ps", "teacher"):
             raise ConfigError(f"config error: eval.run_dir: method={ecfg.method} needs a soar-train run directory")
         found["hard"] = load_hard_split(cfg, run)
-        target = Path(cfg.run.dir or Path("runs") / cfg.run.name).expanduser().resolve()
-        if any((target / f).exists() for f in ("pq.jsonl", "checkpoints", "steps")):
-            raise ConfigError(f"config error: run.dir: {target} holds a soar-train run; give the evaluation its own "
-                              "run.name / run.dir")
+        if ecfg.method not in INFERENCE_METHODS:
+            found["synthetic"] = synthetic_questions(cfg, run, found["hard"][1])
 
     stage = setup_stage(cfg, "eval", load_base=False, checks=checks)
     run, (hard_train, hard_test, hard_source), rd = found["run"], found["hard"], stage.run
@@ -339,7 +337,7 @@ def run_eval(cfg) -> dict:
             summary.update(info=info, inference_seeds=seeds, selected=mean, final=mean,
                            sd={k: sample_sd([r[k] for r in seeds]) for k in seeds[0]}, questions=0)
         else:
-            synthetic, notes = synthetic_questions(cfg, run, hard_test)
+            synthetic, notes = found["synthetic"]
             write_jsonl(rd.path / "questions.jsonl", [p.to_dict() for p in synthetic])
             base = load_model(cfg.model)
             result = train_fresh_student(base, tokenizer, grader, synthetic, hard_train, hard_test, cfg, metrics_log)

@@ -39,7 +39,7 @@ from soar.grading import make_grader
 from soar.models import load_model, model_context
 from soar.policy.scores import problem_scores
 from soar.policy.trainer import SyncError
-from soar.prepare import setup_train
+from soar.prepare import read_train_inputs, setup_train
 from soar.rewards import as_problems, make_teacher_reward, merge_group_metrics, student_tasks_per_step
 from soar.run import MetricsLogger, outer_step_line
 from soar.seeding import derive_seed
@@ -229,9 +229,10 @@ def _model_cfg(cfg, path: str):
 
 def run_train(cfg) -> dict:
     """The ``soar-train`` stage: hard set -> outer loop -> Promotion Questions (``pq.jsonl``)."""
-    stop = StopRequest.install()  # SIGTERM/SIGUSR1: checkpoint at the next step boundary, exit 75
+    # SIGTERM/SIGUSR1: during setup stop at once (StoppedDuringSetup), then checkpoint at the next step boundary
+    stop = StopRequest.install(setting_up=True)
     try:
-        stage = setup_stage(cfg, "train")
+        stage = setup_stage(cfg, "train", prepare=read_train_inputs)
         try:
             summary = _train(cfg, stage, stop)
         finally:
@@ -249,6 +250,7 @@ def _train(cfg, stage, stop) -> dict:
     per_step = student_tasks_per_step(cfg) or cfg.teacher.groups_per_step * cfg.teacher.datasets  # bar: students or datasets
     bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
                disable=not cfg.run.progress)
+    stop.setup_done()
     try:
         for t in range(loop.state.step, cfg.loop.steps):
             if stop.requested:
@@ -266,7 +268,7 @@ def _train(cfg, stage, stop) -> dict:
     loop.close()
     stop.exit_if_requested(loop.state.step, cfg.loop.steps)
     summary = {"steps": loop.state.step, "promotions": loop.state.promotions, "pq_size": len(loop.state.pq),
-               "hard_set": hard.source, "run_dir": str(run.path)}
+               "hard_set": hard.source, "ungradable_golds": hard.ungradable, "run_dir": str(run.path)}
     (run.path / "summary.json").write_text(json.dumps(summary, indent=2))
     metrics_log.close()
     print(json.dumps({k: summary[k] for k in ("steps", "pq_size", "run_dir")} | {"promotions": len(summary["promotions"])}))

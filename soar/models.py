@@ -78,11 +78,34 @@ def _model_load_errors(model_cfg, what: str):
             json.loads(config.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config error: model.path: {config} is not valid JSON ({exc})") from None
+        for weights in sorted(folder.glob("*.safetensors")):
+            _check_safetensors_size(weights)
+    from safetensors import SafetensorError
+
     try:
         yield
-    except (OSError, ValueError) as exc:  # missing weights or tokenizer files, an unknown architecture
+    except (OSError, ValueError, SafetensorError) as exc:  # missing or corrupt files, an unknown architecture
         raise ConfigError(f"config error: model.path: cannot load the {what} from {model_cfg.path}: "
                           f"{' '.join(str(exc).split()) or type(exc).__name__}") from exc
+
+
+def _check_safetensors_size(path: Path) -> None:
+    """A ``.safetensors`` file is as long as its header says (a copy cut short made safetensors raise
+    "incomplete metadata" from deep inside ``from_pretrained``); names the file and both sizes."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(header_len)) if 8 + header_len <= size else None
+        if header is None:
+            raise ValueError(f"its {header_len}-byte header does not fit")
+        data_end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ConfigError(f"config error: model.path: {path} is not a readable safetensors file ({exc}); "
+                          "copy it again") from None
+    if size < 8 + header_len + data_end:
+        raise ConfigError(f"config error: model.path: {path} is truncated ({size:,} of {8 + header_len + data_end:,} "
+                          "bytes); copy it again")
 
 
 def load_tokenizer(model_cfg):
@@ -117,8 +140,12 @@ def model_context(model, model_cfg) -> int:
     return int(model_cfg.max_context or model.config.max_position_embeddings)
 
 
-def check_context(tokenizer, prompts: list[str], max_tokens: int, context: int, where: str) -> int:
-    """Fail early if the longest prompt plus the generation budget exceeds the model context."""
+def check_context(tokenizer, prompts: list[str], max_tokens: int, context: int, where: str,
+                  names: list[str] | None = None) -> int:
+    """Fail early if the longest prompt plus the generation budget exceeds the model context. A prompt
+    too long to fit whatever its tokens is refused before tokenising (a 50 MB question took 20 GB to
+    tokenise), naming it by ``names`` (e.g. problem ids) when given."""
+    _check_prompt_chars(tokenizer, prompts, context, where, names)
     longest = max((len(ids) for ids in encode_prompts(tokenizer, prompts)), default=0)  # BOS included
     if longest + max_tokens > context:
         raise ConfigError(
@@ -127,6 +154,23 @@ def check_context(tokenizer, prompts: list[str], max_tokens: int, context: int, 
             f"lower {where}"
         )
     return longest
+
+
+def _check_prompt_chars(tokenizer, prompts: list[str], context: int, where: str, names: list[str] | None) -> None:
+    """No token spans more characters than the vocabulary's longest token string (a byte-level token's
+    string has one character per byte), so a prompt longer than ``context`` times that cannot fit."""
+    if not prompts:
+        return
+    i = max(range(len(prompts)), key=lambda j: len(prompts[j]))
+    chars = len(prompts[i])
+    if chars <= context:  # fits whatever the vocabulary (the token check decides); skips reading it
+        return
+    per_token = max(map(len, tokenizer.get_vocab()), default=1)
+    if chars > context * per_token:
+        which = f"the prompt of {names[i]!r}" if names else f"prompt {i}"
+        raise ConfigError(f"config error: {where}: {which} has {chars:,} characters, more than the model context "
+                          f"({context} tokens of at most {per_token} characters each) can hold; leave it out or "
+                          "shorten it")
 
 
 def set_threads(threads: int) -> int:

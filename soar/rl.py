@@ -30,14 +30,20 @@ log = logging.getLogger("soar.rl")
 
 def run_rl(cfg) -> dict:
     """The ``soar-rl`` stage: train one student on a question file, with resume and metrics."""
-    stage = setup_stage(cfg, "rl")
-    run, tokenizer, model = stage.run, stage.tokenizer, stage.model
-    try:
+    s = cfg.student
+
+    def read_questions(stage):  # before the run dir is written
         problems = load_problems(cfg.data)
         eval_problems = load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else []
-        s = cfg.student
         prompts = [render_prompt(cfg.data.prompt_template, p.question) for p in problems + eval_problems]
-        stage.check_prompts(prompts, max(s.max_tokens, s.eval_max_tokens or 0), "student.max_tokens")
+        stage.check_prompts(prompts, max(s.max_tokens, s.eval_max_tokens or 0), "student.max_tokens",
+                            [p.id for p in problems + eval_problems])
+        return problems, eval_problems
+
+    stage = setup_stage(cfg, "rl", prepare=read_questions)
+    run, tokenizer, model = stage.run, stage.tokenizer, stage.model
+    try:
+        problems, eval_problems = stage.prepared
         ref = load_model(cfg.model) if s.lora.r == 0 and s.kl_coef > 0 else None
         trainer = RLOOTrainer(model, tokenizer, make_grader(cfg.data.grader), s, cfg.data.prompt_template,
                               cfg.seed, ref_model=ref, batch_size=cfg.backend.batch_size)

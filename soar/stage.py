@@ -1,9 +1,12 @@
 """One setup for the stages that load a model (``soar-rl``, ``soar-train``, ``soar-estimate``,
 ``soar-eval``): check the config, set torch's threads, build or find the model (``model.build``), run
-the stage's own checks, open the run directory, load the tokenizer and (optionally) the model.
+the stage's own checks, open the run directory (locked and checked against what it holds, nothing
+written), load the tokenizer and (optionally) the model, run the stage's ``prepare`` (its reads:
+data, hard set, prompt lengths), and only then write the run's provenance (``RunDir.commit``): a
+command that fails before that leaves the run directory as it was.
 ``check_prompts`` is the context check every stage applies to the prompts it will generate from.
 
-    stage = setup_stage(cfg, "rl")
+    stage = setup_stage(cfg, "rl", prepare=read_questions)   # stage.prepared: what it returned
     try:
         stage.check_prompts(student_prompts, cfg.student.max_tokens, "student.max_tokens")
         ...
@@ -44,26 +47,32 @@ class Stage:
     tokenizer: Any
     model: Any = None
     seconds: dict[str, float] = field(default_factory=dict)
+    prepared: Any = None
+    """What the stage's ``prepare`` returned."""
 
     @property
     def context(self) -> int:
         """The model's context length (``model.max_context``, else the model config's)."""
         return model_context(self.model, self.cfg.model)
 
-    def check_prompts(self, prompts: list[str], max_tokens: int, where: str) -> int:
-        """Fail early (``ConfigError`` naming ``where``) when the longest prompt plus ``max_tokens``
-        exceeds the model's context; returns the longest prompt's length in tokens."""
-        return check_context(self.tokenizer, prompts, max_tokens, self.context, where)
+    def check_prompts(self, prompts: list[str], max_tokens: int, where: str, names: list[str] | None = None) -> int:
+        """Fail early (``ConfigError`` naming ``where``, and the prompt by ``names`` when one is too long
+        to tokenise) when the longest prompt plus ``max_tokens`` exceeds the model's context; returns
+        the longest prompt's length in tokens."""
+        return check_context(self.tokenizer, prompts, max_tokens, self.context, where, names)
 
     def close(self) -> None:
         self.run.close()
 
 
-def setup_stage(cfg, stage: str, load_base: bool = True, checks: Callable[[], None] | None = None) -> Stage:
+def setup_stage(cfg, stage: str, load_base: bool = True, checks: Callable[[], None] | None = None,
+                prepare: Callable[[Stage], Any] | None = None) -> Stage:
     """Validate ``cfg`` for ``stage`` (``soar.validation.validate``), set threads, resolve ``model.build``,
     check a GPU ``train`` run's memory plan (``soar.memory_plan.check_plan``), run ``checks`` (the
-    stage's own, before anything is written), open the run dir, load the tokenizer and, with
-    ``load_base``, the model. The caller closes the returned ``Stage``."""
+    stage's own, before the run dir is opened), open the run dir (``RunDir``: refuses another stage's
+    run, other settings, another model), load the tokenizer and, with ``load_base``, the model, run
+    ``prepare(stage)`` (reads only; its result is ``stage.prepared``), then write the run's provenance
+    (``RunDir.commit``). The caller closes the returned ``Stage``."""
     t0 = time.perf_counter()
     validate(cfg, stage)
     set_threads(cfg.run.threads)
@@ -74,9 +83,12 @@ def setup_stage(cfg, stage: str, load_base: bool = True, checks: Callable[[], No
         checks()
     run = RunDir(cfg, stage)
     try:
-        tokenizer = load_tokenizer(cfg.model)
-        model = load_model(cfg.model) if load_base else None
+        result = Stage(cfg, run, load_tokenizer(cfg.model), load_model(cfg.model) if load_base else None)
+        if prepare is not None:
+            result.prepared = prepare(result)
+        run.commit()
     except BaseException:
         run.close()
         raise
-    return Stage(cfg, run, tokenizer, model, {"setup_s": time.perf_counter() - t0})
+    result.seconds["setup_s"] = time.perf_counter() - t0
+    return result

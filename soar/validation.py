@@ -12,14 +12,17 @@ Context-length checks need the tokenizer (``soar.models.check_context``); a GPU 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
-from soar.config import BACKEND_ROLES, PRECISIONS, ConfigError, load_callable
+from soar.config import BACKEND_ROLES, KV_CACHE_ENV, PRECISIONS, ConfigError, load_callable
 from soar.grading import GRADERS
 from soar.policy.scores import REWARD_METRICS
 from soar.rewards import TEACHER_REWARDS, student_tasks_per_step
@@ -41,11 +44,97 @@ def validate(cfg, stage: str) -> None:
     """Check sizes, paths and resources before any heavy work: the settings every stage reads, then
     each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world | plan.
 
-    Context-length checks need the tokenizer and live in ``soar.models.check_context``.
+    Context-length checks need the tokenizer and live in ``soar.models.check_context``. Before the
+    sections, what no section checks: unknown keys (``+promotion.taw=0.5``), non-finite numbers in any
+    field, the model path's kind and the environment. A field set by interpolation (``teacher.max_steps:
+    ${loop.steps}``) is reported at its source.
     """
-    _validate_common(cfg)
-    for section in STAGE_SECTIONS[stage]:
-        _SECTION_CHECKS[section](cfg, stage)
+    _validate_known_keys(cfg)
+    _validate_finite_numbers(cfg)
+    _validate_model_path_kind(cfg)
+    _validate_environment()
+    try:
+        _validate_common(cfg)
+        for section in STAGE_SECTIONS[stage]:
+            _SECTION_CHECKS[section](cfg, stage)
+    except ConfigError as exc:
+        source = _interpolation_source(cfg, exc)
+        if source is None:
+            raise
+        raise source from None
+
+
+def _validate_known_keys(cfg) -> None:
+    """Every key of a typed section is a field of its dataclass. Hydra's ``+key=value`` adds a key
+    even to a typed section, so a misspelt ``+promotion.taw=0.5`` would otherwise be kept while
+    ``promotion.tau`` silently stays at its default."""
+
+    def walk(node, prefix: str) -> None:
+        kind = OmegaConf.get_type(node)
+        known = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
+        for key in node.keys():
+            name = f"{prefix}{key}"
+            if known is not None and key not in known:
+                section = prefix.rstrip(".") or "the root"
+                fail(name, f"unknown key: {section} has no field {key!r} (its fields: {', '.join(sorted(known))})")
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+                walk(child, name + ".")
+
+    walk(cfg, "")
+
+
+def _validate_finite_numbers(cfg) -> None:
+    """No field holds NaN or an infinity (``student.lr=nan``: Hydra parses ``nan`` and ``inf`` as
+    floats, and every ``< 0`` check lets NaN through). No field means either."""
+
+    def walk(value, name: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(name, f"must be a finite number, got {value}")
+        if isinstance(value, dict):
+            for key, child in value.items():
+                walk(child, f"{name}.{key}" if name else str(key))
+        elif isinstance(value, list):
+            for i, child in enumerate(value):
+                walk(child, f"{name}[{i}]")
+
+    walk(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False), "")
+
+
+def _validate_model_path_kind(cfg) -> None:
+    """A local ``model.path`` is a folder: a file there made transformers report a JSON error."""
+    path = cfg.model.path
+    if path not in (None, "", "???") and Path(str(path)).expanduser().is_file():
+        fail("model.path", f"{path} is a file; it must be a model folder (config.json, weights, tokenizer) "
+                           "or a hub id")
+
+
+def _validate_environment() -> None:
+    """Environment variables soar reads as numbers."""
+    value = os.environ.get(KV_CACHE_ENV)
+    if value is not None and value.strip() and not (value.strip().isdigit() and int(value) >= 1):
+        fail(KV_CACHE_ENV, f"must be a whole number of GiB >= 1, got {value!r}; unset it or set "
+                           "backend.vllm.kv_cache_gb")
+
+
+def _interpolation_source(cfg, exc: ConfigError) -> ConfigError | None:
+    """``exc`` restated at the field its field is interpolated from (``teacher.max_steps`` is
+    ``${loop.steps}`` in the presets: ``loop.steps=-3`` is the user's value to fix); None when its
+    field holds its own value."""
+    prefix = "config error: "
+    name, sep, message = str(exc).removeprefix(prefix).partition(": ")
+    parent, _, key = name.rpartition(".")
+    try:
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if node is None or not OmegaConf.is_interpolation(node, key):
+            return None
+        raw = node._get_node(key)._value()
+    except Exception:  # not a field name (a message of another shape)
+        return None
+    source = raw[2:-1] if raw.startswith("${") and raw.endswith("}") and "${" not in raw[2:] else None
+    if not sep or source is None or ":" in source or OmegaConf.select(cfg, source, default=None) is None:
+        return None
+    return ConfigError(f"{prefix}{source}: {message} ({name} is {raw})")
 
 
 def _validate_common(cfg) -> None:

@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 
 from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
-from soar.config import ConfigError
+from soar.config import KV_CACHE_ENV, ConfigError
 from soar.memory_plan import VLLM_OVERHEAD_GIB, vllm_memory_fraction
 from soar.models import export_policy, is_peft
 from soar.samples import Sample, SamplingParams
@@ -138,7 +138,7 @@ KV_CACHE_MAX_GB = 4
 ``backend.vllm.kv_cache_gb`` for long contexts on a big machine."""
 KV_CACHE_FLOOR_GB = 1
 """Smallest KV cache worth starting an engine for (GiB; ``VLLM_CPU_KVCACHE_SPACE`` counts whole GiB)."""
-_USER_KV_CACHE = os.environ.get("VLLM_CPU_KVCACHE_SPACE")  # the user's own setting, if any
+_USER_KV_CACHE = os.environ.get(KV_CACHE_ENV)  # the user's own setting, if any (checked by validate)
 
 
 def cpu_kv_cache_gb(vcfg) -> int:
@@ -197,7 +197,7 @@ class Engine:
 
         memory = {}
         if current_platform.is_cpu():  # vllm-cpu sizes its KV cache from this variable
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gb(vcfg))
+            os.environ[KV_CACHE_ENV] = str(cpu_kv_cache_gb(vcfg))
             if vcfg.gpu_memory_utilization is not None:
                 memory["gpu_memory_utilization"] = vcfg.gpu_memory_utilization
         else:
@@ -259,7 +259,7 @@ def _start_failure(model_path: str, on_cpu: bool, exc: Exception) -> str:
         available = memory_plan.available_ram_gb()
         memory = f"{available:.1f} GiB" if available is not None else "unknown"
         hint = (f"if its log above says 'Available memory on node', memory is short ({memory} available, KV cache "
-                f"{os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB): lower backend.vllm.kv_cache_gb or use backend=hf")
+                f"{os.environ.get(KV_CACHE_ENV)} GiB): lower backend.vllm.kv_cache_gb or use backend=hf")
     else:
         hint = "if its log above says it is out of memory, lower backend.vllm.gpu_memory_utilization or use backend=hf"
     return f"backend.vllm: the vLLM engine for {model_path} failed to start ({what}); {hint}"

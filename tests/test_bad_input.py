@@ -80,6 +80,15 @@ def jsonl(rows) -> str:
     ("soar-train", ["backend.vllm.kv_cache_gb=0"], "backend.vllm.kv_cache_gb: must be >= 1 GiB"),
     ("soar-filter", ["data.grader=sympy_magic"], "data.grader: unknown grader 'sympy_magic'"),
     ("soar-train", ["data.grader=no_such.module:Grader"], "data.grader: cannot load 'no_such.module:Grader'"),
+    # issue 52 §3: values that passed validation and crashed later (NaN, inf in any float field)
+    ("soar-train", ["student.lr=nan"], "student.lr: must be a finite number, got nan"),
+    ("soar-train", ["teacher.lr=inf"], "teacher.lr: must be a finite number, got inf"),
+    ("soar-train", ["student.temperature=nan"], "student.temperature: must be a finite number, got nan"),
+    ("soar-train", ["student.adam_betas=[0.9,nan]"], "student.adam_betas[1]: must be a finite number, got nan"),
+    ("soar-filter", ["filter.temperature=-inf"], "filter.temperature: must be a finite number, got -inf"),
+    ("soar-train", ["loop.steps=-3"], "loop.steps: must be >= 1, got -3 (teacher.max_steps is ${loop.steps})"),
+    ("soar-train", ["+promotion.taw=0.5"], "promotion.taw: unknown key: promotion has no field 'taw'"),  # was rc 0
+    ("soar-filter", ["+tau=0.5"], "tau: unknown key: the root has no field 'tau'"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_config_value_is_refused_naming_the_field(tmp_path, command, overrides, named):
     args = train_args(tmp_path / "run", *overrides) if command == "soar-train" else \
@@ -159,7 +168,49 @@ INPUT_ROWS = [
              ("model.path:", "model/config.json is not valid JSON (Expecting property name")),
     InputRow("model folder without config.json", lambda t, m: (t / "q.jsonl", t, []),
              ("model.path:", "has no config.json (not a Hugging Face model folder)")),
+    # issue 52 §3, §4
+    InputRow("truncated model.safetensors", lambda t, m: (t / "q.jsonl", truncated_weights(t, m), []),
+             ("model.path:", "model/model.safetensors is truncated (", "bytes); copy it again")),
+    InputRow("model.path a file", lambda t, m: (t / "q.jsonl", m / "config.json", []),
+             ("model.path:", "config.json is a file; it must be a model folder")),
+    InputRow("data.path a folder of JSONL files that do not agree", lambda t, m: (jsonl_folder(t), m, []),
+             ("data.path:", "jsonl is a folder of 2 files (a.jsonl, b.jsonl) that cannot be read as one dataset",
+              "give one file as data.path")),
+    InputRow("object-valued question", lambda t, m: (rows_file(t, question={"text": "1+1"}), m, ["data.on_bad_row=error"]),
+             ("rows.jsonl: row 1: field 'question' is a JSON object (expected text or a number)",)),
+    InputRow("right-to-left override in a question", lambda t, m: (rows_file(t, question="10\u202e1+2"), m,
+                                                                   ["data.on_bad_row=error"]),
+             ("rows.jsonl: row 1: field 'question' holds a control or bidirectional-override character "
+              "(U+202E at position 2; id 'q1')",)),
+    InputRow("NUL in a question", lambda t, m: (rows_file(t, question="1\x00+2"), m, ["data.on_bad_row=error"]),
+             ("field 'question' holds a control or bidirectional-override character (U+0000 at position 1",)),
 ]
+
+
+def truncated_weights(tmp: Path, model: Path) -> Path:
+    folder = tmp / "model"
+    shutil.copytree(model, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+    return folder
+
+
+def jsonl_folder(tmp: Path) -> Path:
+    """A folder of JSONL files ``datasets`` cannot read as one table (a row cut short in one file)."""
+    folder = tmp / "jsonl"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(jsonl(QUESTIONS[:2]) + '{"id": "q9", "question": "1+1"\n')
+    (folder / "b.jsonl").write_text(jsonl(QUESTIONS[2:]))
+    return folder
+
+
+def rows_file(tmp: Path, **row_1) -> Path:
+    """``QUESTIONS`` with row 1's fields replaced."""
+    rows = [dict(r) for r in QUESTIONS]
+    rows[1].update(row_1)
+    path = tmp / "rows.jsonl"
+    path.write_text(jsonl(rows))
+    return path
 
 
 @pytest.mark.parametrize("row", INPUT_ROWS, ids=lambda r: r.name)
@@ -170,11 +221,19 @@ def test_bad_input_file_is_named(tiny_model_dir, tmp_path, row):
     assert_user_error(cli(filter_args(model, data, tmp_path / "run", *extra)), *row.named)
 
 
-def test_filter_resumed_with_other_settings_names_the_manifest_field(tiny_model_dir, tmp_path):
+def test_filter_resumed_with_other_settings_or_an_edited_manifest_is_refused(tiny_model_dir, tmp_path):
+    """Other settings are refused by the run dir's contract (issue 52 §1) before the manifest is read;
+    a manifest whose ``passes`` contradicts its ``outcomes`` (§4: it decides what is hard) is named."""
     (tmp_path / "q.jsonl").write_text(jsonl(QUESTIONS))
-    assert cli(filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run")).returncode == 0
-    assert_user_error(cli(filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run", "filter.k=4")),
-                      "manifest.jsonl: row 1: field 'k' is 2 but this run has 4")
+    args = filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run")
+    assert cli(args).returncode == 0
+    assert_user_error(cli([*args, "filter.k=4"]), "holds a soar-filter run with other settings (1 differ: filter.k 2 -> 4)")
+    manifest = tmp_path / "run" / "manifest.jsonl"
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    rows[1]["passes"] = 1 - rows[1]["passes"]
+    manifest.write_text(jsonl(rows))
+    assert_user_error(cli(args), f"{manifest}: row 2 (id 'q1'): field 'passes' is {rows[1]['passes']} but its outcomes "
+                                 f"hold {sum(rows[1]['outcomes'])} passes")
 
 
 def test_invalid_json_row_is_skipped_and_named_by_default(tmp_path, caplog):
@@ -434,3 +493,307 @@ def test_timed_out_item_keeps_the_textual_shaped_reward(pred, partial):
         grader.close()
     reward = REWARD_PARTIAL if partial else REWARD_WRONG_BOXED
     assert (grade.error, grade.correct, grade.reward, grade.partial) == ("timeout", False, reward, partial)
+
+
+# ---- issue 52: a run directory is a contract ----------------------------------------------------------------
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (its lock file too) by relative path, with its bytes."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def finished_copy(uninterrupted: Path, tmp_path: Path) -> Path:
+    """A copy of the finished 2-step run without its last checkpoint: a run a command would resume."""
+    run_dir = tmp_path / "finished"
+    shutil.copytree(uninterrupted, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "step_000002")
+    return run_dir
+
+
+def drop_last_hard_train_row(run_dir: Path) -> None:
+    path = run_dir / "hard_set" / "hard_train.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+
+
+@pytest.mark.parametrize("edit, command, named", [
+    (None, lambda r, m: train_args(r, MICRO_STEPS, "seed=8", "filter.k=4", "teacher.datasets=3", model=m),
+     ("holds a soar-train run with other settings (3 differ: filter.k 8 -> 4; seed 0 -> 8; teacher.datasets 2 -> 3)",
+      "rerun with the run's settings (its config.yaml) or choose a new run.dir")),
+    (None, lambda r, m: train_args(r, "loop.steps=3", model=m),  # the teacher's cosine horizon would change under it
+     ("1 differ: teacher.max_steps 2 -> 3 (it is ${loop.steps})",)),
+    (drop_last_hard_train_row, lambda r, m: train_args(r, MICRO_STEPS, model=m),
+     ("run.dir: the hard set", "/hard_set is not the one", "started with (hard_set.json: sha256 ")),
+    (None, lambda r, m: [script("soar-train"), "experiment=arith", "inner.reward_questions=8", f"run.dir={r}",
+                         "run.threads=1", "run.progress=false"],  # its own model and settings: was a KeyError
+     ("holds a soar-train run with other settings (", "differ: model (its files) \"sha256:", "filter.k 8 -> 128")),
+    (None, lambda r, m: train_args(r, MICRO_STEPS, model=m / "config.json"),
+     ("model.path:", "config.json is a file; it must be a model folder",)),
+    (None, lambda r, m: filter_args(m, r / "problems" / "pool.jsonl", r),
+     ("is a soar-train run (its meta.json); soar-filter never writes into another command's run",)),
+    (None, lambda r, m: [script("soar-rl"), f"model={m}", *arith_data(r / "hard_set" / "hard_train.jsonl"),
+                         "run.threads=1", f"run.dir={r}"],
+     ("is a soar-train run (its meta.json); soar-rl never writes into another command's run",)),
+], ids=["changed settings", "loop.steps with teacher.max_steps=${loop.steps}", "edited hard set",
+        "another experiment", "model.path a file", "soar-filter into a train run", "soar-rl into a train run"])
+def test_a_refused_command_leaves_the_finished_run_byte_identical(tiny_model_dir, uninterrupted, tmp_path, edit,
+                                                                   command, named):
+    """Issue 52 §1, §2: a resume with other settings, an edited hard set, another experiment, a bad
+    model path or another stage is refused in one line naming what differs, and every file of the run
+    (config.yaml, meta.json, summary.json, metrics, the lock file) is as it was."""
+    run_dir = finished_copy(uninterrupted, tmp_path)
+    if edit is not None:
+        edit(run_dir)
+    before = snapshot(run_dir)
+    assert_user_error(cli(command(run_dir, tiny_model_dir)), *named)
+    assert snapshot(run_dir) == before
+
+
+def test_a_run_dir_of_other_files_is_refused(tiny_model_dir, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert_user_error(cli(train_args(tmp_path, MICRO_STEPS, model=tiny_model_dir)),
+                      f"run.dir: {tmp_path} holds 1 entries (notes.txt) but no soar run (no config.yaml)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run.lock"]
+
+
+def mutated(value):
+    """Values unlike ``value`` that its field may hold, most likely first."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1]
+    if isinstance(value, float):
+        return [value * 2 + 0.5]
+    if isinstance(value, str):
+        return [value + "x"]
+    if isinstance(value, list):
+        return [value + value[-1:]] if value else [["x"], [1]]
+    return [1, 0.5, "x", True, ["x"], [0.5], [[0.5]], {"a": "b"}]  # None: whatever the field's type takes
+
+
+def test_resume_refuses_every_result_shaping_setting_and_allows_the_free_ones(tmp_path, monkeypatch):
+    """Issue 52 §1: every setting outside ``soar.run.RESUME_FREE_KEYS`` (and the later stages' sections),
+    changed one at a time, is refused naming it; each free one (loop.steps among them) is allowed and
+    recorded in ``restarts.jsonl``; ``config.yaml`` and ``meta.json`` are written once."""
+    import functools
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    import soar
+    from soar import run as run_module
+    from soar.config import ConfigError
+    from soar.run import LATER_STAGE_KEYS, RESUME_FREE_KEYS, RunDir, _flatten, is_free
+
+    # config.yaml is read once (it is never rewritten, as asserted below): 0.2 s a read, 200 reads
+    monkeypatch.setattr(run_module, "_stored_settings", functools.lru_cache(run_module._stored_settings))
+    run_dir = tmp_path / "run"
+    # teacher.max_steps pinned: the preset's ${loop.steps} would change with loop.steps (refused, above)
+    base = soar.compose(["experiment=arith_micro", "model.path=org/m", f"run.dir={run_dir}", "teacher.max_steps=3"])
+    first = RunDir(base, "train")
+    first.commit()
+    first.close()
+    provenance = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "meta.json")}
+    keys = _flatten(OmegaConf.to_container(base, resolve=True))
+    free = RESUME_FREE_KEYS + LATER_STAGE_KEYS
+    refused, allowed = [], []
+    for key, value in keys.items():
+        if key in ("run.dir", "run.name", "model.path"):  # where the run is; the model by content (below)
+            continue
+        cfg = copy_with(base, key, mutated(value), OmegaConfBaseException)
+        try:
+            run = RunDir(cfg, "train")
+        except ConfigError as exc:
+            assert not is_free(key, free), f"{key}: a free setting was refused: {exc}"
+            assert f"; {key} " in str(exc) or f": {key} " in str(exc), f"{key} not named: {exc}"
+            refused.append(key)
+            continue
+        assert is_free(key, free), f"{key}: changed from {value!r} but the resume was allowed"
+        run.commit()
+        run.close()
+        record = json.loads((run_dir / "restarts.jsonl").read_text().splitlines()[-1])
+        assert list(record["changed"]) == [key] and record["changed"][key][0] == value
+        allowed.append(key)
+    assert len(refused) > 100 and "loop.steps" in allowed and "seed" in refused and "world.digits" in refused
+    assert {name: (run_dir / name).read_bytes() for name in provenance} == provenance
+    # the model is compared by its files, not its path: another hub id is refused
+    with pytest.raises(ConfigError, match=r'model \(its files\) "org/m@main" -> "org/n@main"'):
+        RunDir(copy_with(base, "model.path", ["org/n"], OmegaConfBaseException), "train")
+
+
+def copy_with(cfg, key: str, values: list, errors):
+    """``cfg`` with ``key`` set to the first of ``values`` its type accepts."""
+    from omegaconf import OmegaConf
+
+    for value in values:
+        out = cfg.copy()
+        try:
+            OmegaConf.update(out, key, value, merge=False)
+            return out
+        except errors:
+            continue
+    raise AssertionError(f"{key}: none of {values} fits")
+
+
+def test_a_moved_copy_of_the_model_resumes_and_another_model_is_refused(tiny_model_dir, tmp_path):
+    import soar
+    from soar.config import ConfigError
+    from soar.run import RunDir
+
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model_dir, moved)
+
+    def open_run(model):
+        return RunDir(soar.compose(["experiment=arith_micro", f"model.path={model}", f"run.dir={tmp_path / 'run'}"]),
+                      "train")
+
+    run = open_run(tiny_model_dir)
+    run.commit()
+    run.close()
+    open_run(moved).close()  # same files: the same model
+    (moved / "model.safetensors").write_bytes((moved / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(ConfigError, match=r"1 differ: model \(its files\) \"sha256:"):
+        open_run(moved)
+
+
+# ---- issue 52 §3: the environment, the size of a prompt, signals ------------------------------------------
+def test_a_kv_cache_size_that_is_not_a_number_is_named(tiny_model_dir, tmp_path):
+    (tmp_path / "q.jsonl").write_text(jsonl(QUESTIONS))
+    assert_user_error(cli(filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run"),
+                          env={"VLLM_CPU_KVCACHE_SPACE": "abc"}),
+                      "config error: VLLM_CPU_KVCACHE_SPACE: must be a whole number of GiB >= 1, got 'abc'")
+
+
+MAX_RSS = ("python3", "-c", "import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
+           "print('maxrss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+"""A prefix that runs a command and prints its peak resident memory."""
+
+
+def test_a_50_mb_question_is_refused_before_it_is_tokenised(tiny_model_dir, tmp_path):
+    """It took 19.7 GB to tokenise (the machine has 23); now refused from its length, naming its id."""
+    rows = [dict(r) for r in QUESTIONS]
+    rows[2]["question"] = "1" * 50_000_000
+    (tmp_path / "q.jsonl").write_text(jsonl(rows))
+    res = cli(filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run"), prefix=MAX_RSS)
+    assert_user_error(res, "filter.max_tokens: the prompt of 'q2' has 50,000,0", "characters, more than the model "
+                           "context (2048 tokens of at most 5 characters each) can hold")
+    peak_gb = int(res.stderr.split("maxrss_kb ")[1].split()[0]) / 2**20
+    assert peak_gb < 4, f"{peak_gb:.1f} GB"
+
+
+def run_until(args, marker: str, signum, timeout: float = 240, exists: Path | None = None) -> tuple[int, str, str]:
+    """Start ``args`` in its own process group, send ``signum`` to the group once a stdout line (where
+    soar logs) holds ``marker`` and then the file ``exists`` (if given) does; returns (exit code,
+    stdout, stderr)."""
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+        out, deadline = [], time.monotonic() + timeout
+        for line in proc.stdout:
+            out.append(line)
+            if marker in line:
+                while exists is not None and not exists.exists() and proc.poll() is None:
+                    assert time.monotonic() < deadline, f"{exists} never written"
+                    time.sleep(0.02)
+                os.killpg(proc.pid, signum)
+                break
+            assert time.monotonic() < deadline, "".join(out[-20:])
+        else:
+            pytest.fail(f"{marker!r} never logged:\n{''.join(out[-20:])}")
+        out.append(proc.stdout.read())
+        proc.wait(timeout=timeout)
+        err.seek(0)
+        return proc.returncode, "".join(out), err.read()
+
+
+def test_ctrl_c_mid_step_prints_one_line_and_exits_130(tiny_model_dir, uninterrupted, tmp_path):
+    """Issue 52 §3: a KeyboardInterrupt traceback of 124 lines; now one line saying where a rerun resumes."""
+    import signal
+
+    args = train_args(tmp_path / "run", "loop.steps=3", f"loop.hard_set={uninterrupted / 'hard_set'}", model=tiny_model_dir)
+    # step 1's line is logged before its checkpoint is written (in the background): wait for that too
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000001"
+    rc, out, err = run_until(args, "step 1/", signal.SIGINT, exists=ckpt / "DONE")  # step 2 is under way
+    shown = f"rc={rc}\n{out[-2000:]}\n{err[-2000:]}"
+    assert rc == 130 and "Traceback" not in out + err, shown
+    lines = [line for line in err.splitlines() if line.startswith("soar: ")]
+    assert lines == [f"soar: interrupted (SIGINT); rerun the same command to resume from its last checkpoint, "
+                     f"{ckpt}; exit 130"], shown
+
+
+def test_sigterm_during_setup_stops_at_once_and_says_nothing_was_checkpointed(tiny_model_dir, tmp_path):
+    """Issue 52 §3: SIGTERM during setup waited out setup (~15 minutes of world pretraining), then
+    claimed a checkpoint that did not exist. Now, sent during the fail@k hard set: exit 75 at once, one
+    line saying so; the finished fail@k batches stay for the rerun."""
+    import signal
+
+    args = train_args(tmp_path / "run", MICRO_STEPS, model=tiny_model_dir)
+    t0 = time.monotonic()
+    rc, out, err = run_until(args, "batches to go", signal.SIGTERM)
+    shown = f"rc={rc}\n{out[-2000:]}\n{err[-2000:]}"
+    assert rc == 75 and "Traceback" not in out + err and "checkpointed" not in out + err, shown
+    lines = [line for line in err.splitlines() if line.startswith("soar: ")]
+    assert lines == [f"soar: stopped by SIGTERM during setup, before this command's first outer step; no checkpoint "
+                     f"in {tmp_path / 'run'} yet: rerun the same command to start again (a fail@k manifest keeps its "
+                     "finished batches); exit 75"], shown
+    assert not (tmp_path / "run" / "checkpoints").exists() and time.monotonic() - t0 < 120
+
+
+# ---- issue 52 §4: bad data must not become "hard" silently ------------------------------------------------
+def test_ungradable_golds_are_left_out_of_the_hard_set_listed_and_counted(tiny_model_dir, tmp_path):
+    """Golds the grader cannot parse were filed as hard at 0/k; now left out, listed by id in the
+    summary and counted on the console."""
+    rows = QUESTIONS + [{"id": "empty_box", "question": "1+1", "answer": r"\boxed{}"},
+                        {"id": "word", "question": "1+1", "answer": "two"},
+                        {"id": "huge", "question": "1+1", "answer": "1" * 5000}]
+    (tmp_path / "q.jsonl").write_text(jsonl(rows))
+    res = cli(filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run"))
+    assert res.returncode == 0 and "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1])["ungradable_golds"] == 3
+    assert "3 of the " in res.stdout and "cannot grade; left out of the hard set" in res.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ungradable_golds"] == ["empty_box", "word", "huge"]
+    hard = [json.loads(line)["id"] for s in ("train", "test")
+            for line in (tmp_path / "run" / f"hard_{s}.jsonl").read_text().splitlines()]
+    assert summary["hard"] == len(hard) and not {"empty_box", "word", "huge"} & set(hard)
+
+
+def test_a_hard_set_whose_train_and_test_overlap_is_refused_naming_the_ids(tiny_model_dir, tmp_path):
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "hard_train.jsonl").write_text(jsonl(QUESTIONS[:3]))
+    (given / "hard_test.jsonl").write_text(jsonl(QUESTIONS[1:]))
+    assert_user_error(cli(train_args(tmp_path / "run", f"loop.hard_set={given}", "inner.reward_questions=1",
+                                     model=tiny_model_dir)),
+                      f"loop.hard_set: {given}: 2 ids are in both hard train and hard test (q1, q2)")
+    assert not (tmp_path / "run" / "config.yaml").exists()  # nothing written before the checks passed
+
+
+def test_a_given_manifest_whose_passes_contradict_its_outcomes_is_refused(tmp_path):
+    import soar
+    from soar.prepare import given_hard_set
+
+    (tmp_path / "q.jsonl").write_text(jsonl(QUESTIONS))
+    rows = [{"id": r["id"], "batch": 0, "outcomes": [0, 1], "passes": 1, "k": 2} for r in QUESTIONS]
+    rows[3]["passes"] = 0  # made "hard" by hand
+    (tmp_path / "manifest.jsonl").write_text(jsonl(rows))
+    cfg = soar.compose(["experiment=arith_micro", f"data.path={tmp_path / 'q.jsonl'}",
+                        f"loop.hard_set={tmp_path / 'manifest.jsonl'}"])
+    with pytest.raises(soar.ConfigError, match=r"loop.hard_set: .*manifest.jsonl: row 4 \(id 'q3'\): field 'passes' "
+                                               r"is 0 but its outcomes hold 1 passes"):
+        given_hard_set(cfg)
+
+
+def test_a_byte_order_mark_is_read_not_a_lost_row(tmp_path):
+    import gzip
+
+    from soar.config import DataConfig
+    from soar.data import load_problems
+
+    text = jsonl(QUESTIONS)
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    with gzip.open(tmp_path / "bom.jsonl.gz", "wb") as fh:
+        fh.write(b"\xef\xbb\xbf" + text.encode() + b"not json\n")  # and a bad row: read line by line
+    for name in ("bom.jsonl", "bom.jsonl.gz"):
+        assert [p.id for p in load_problems(DataConfig(name="t", path=str(tmp_path / name)))] == ["q0", "q1", "q2", "q3"]

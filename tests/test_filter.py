@@ -84,7 +84,7 @@ def test_filter_resume_after_kill(tiny_model_dir, filter_questions, tmp_path):
 def test_filter_refuses_changed_settings_on_resume(tiny_model_dir, filter_questions, tmp_path):
     run_cli(filter_args(tiny_model_dir, filter_questions, tmp_path / "f", k=4))
     res = run_cli(filter_args(tiny_model_dir, filter_questions, tmp_path / "f", k=8), check=False)
-    assert res.returncode != 0 and "field 'k'" in res.stderr + res.stdout
+    assert res.returncode == 2 and "other settings (1 differ: filter.k 4 -> 8)" in res.stderr  # the run dir's contract
 
 
 def test_filter_rejects_prompt_plus_budget_over_context(tiny_model_dir, filter_questions, tmp_path):

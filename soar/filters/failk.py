@@ -70,6 +70,28 @@ def read_manifest_rows(path: Path) -> tuple[list[dict], int]:
     return rows, len(lines)
 
 
+def check_manifest_row(row: dict, n: int, path: Path) -> None:
+    """A manifest row (``n``: its 1-based line) agrees with itself: ``outcomes`` a list of 0/1, one per
+    sample (``k`` of them when the row records ``k``), and ``passes`` their sum. An edited ``passes``
+    would decide what is hard; a ``DataError`` names the file, row, id and field."""
+    outcomes, passes, where = row.get("outcomes"), row.get("passes"), f"{path}: row {n} (id {row.get('id')!r})"
+    if not isinstance(outcomes, list) or any(o not in (0, 1) or isinstance(o, float) for o in outcomes):
+        raise DataError(f"{where}: field 'outcomes' must be a list of 0 and 1, got {str(outcomes)[:60]}")
+    if "k" in row and len(outcomes) != row["k"]:
+        raise DataError(f"{where}: field 'outcomes' has {len(outcomes)} samples but field 'k' is {row['k']}")
+    if passes != sum(outcomes):
+        raise DataError(f"{where}: field 'passes' is {passes!r} but its outcomes hold {sum(outcomes)} passes; "
+                        "the manifest was edited: restore it or run the filter again")
+
+
+def ungradable(problems: list[Problem], grader) -> list[str]:
+    """Ids of the problems whose gold answer the grader cannot grade: the gold itself, boxed, is not
+    graded correct (``\\boxed{}``, ``two`` or a 5,000-digit integer for the integer grader). Such a
+    problem fails 0/k whatever the model writes, so it is never "hard": the hard sets leave it out."""
+    grades = grader.grade_batch([f"\\boxed{{{p.answer}}}" for p in problems], [p.answer for p in problems])
+    return [p.id for p, g in zip(problems, grades) if not g.correct]
+
+
 def manifest_split_seed(rows: list[dict], path: Path) -> int:
     """The seed a fail@k manifest's hard set is split with: the seed its filter ran with, which every
     row records and with which ``soar-filter`` split it (``build_hard_set``), so every run given the
@@ -94,6 +116,7 @@ class Manifest:
             return {}
         rows, n_lines = read_manifest_rows(self.path)
         for n, row in enumerate(rows):
+            check_manifest_row(row, n + 1, self.path)
             for field in PROVENANCE_FIELDS:
                 if row.get(field) != self.provenance[field]:
                     raise DataError(
@@ -164,10 +187,13 @@ def run_filter(problems: list[Problem], generator, grader, cfg, out_dir: Path, p
     elapsed = time.perf_counter() - t0
     return build_hard_set(problems, done, cfg, out_dir, provenance,
                           throughput={"seconds": elapsed, "samples": n_samples,
-                                      "samples_per_s": n_samples / elapsed if elapsed else None})
+                                      "samples_per_s": n_samples / elapsed if elapsed else None}, grader=grader)
 
 
-def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenance: dict, throughput: dict) -> dict:
+def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenance: dict, throughput: dict,
+                   grader=None) -> dict:
+    """The hard split of the 0/k problems whose gold ``grader`` (default: ``data.grader``'s) can grade
+    (``ungradable``: the others are listed in the summary as ``ungradable_golds``), and the summary."""
     import datasets
 
     f = cfg.filter
@@ -178,7 +204,13 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
         counts[band(r["passes"], f.k)] += 1
         if band(r["passes"], f.k) == "mixed":
             mixed_rates.append(r["passes"] / f.k)
-    hard_ids = [p.id for p in problems if rows[p.id]["passes"] == 0]
+    zero = [p for p in problems if rows[p.id]["passes"] == 0]
+    bad = set(ungradable(zero, grader or make_grader(cfg.data.grader)))
+    if bad:
+        log.warning("fail@%d: %d of the %d problems at 0/%d have a gold answer the grader (%s) cannot grade; left out "
+                    "of the hard set (summary.json: ungradable_golds): %s", f.k, len(bad), len(zero), f.k, cfg.data.grader,
+                    ", ".join(p.id for p in zero if p.id in bad))
+    hard_ids = [p.id for p in zero if p.id not in bad]
     # The seed every manifest row records: a run given the manifest splits it alike (manifest_split_seed).
     split_seed = provenance["seed"]
     train_ids, test_ids = split_hard(hard_ids, f.test_frac, split_seed)
@@ -199,6 +231,7 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
         str(out_dir / "hard_set"))
     summary = {
         "problems": len(problems), "bands": counts, "hard": len(hard_ids),
+        "ungradable_golds": [p.id for p in zero if p.id in bad],
         "hard_train": len(train_ids), "hard_test": len(test_ids),
         "token_overflow_samples": sum(rows[p.id]["overflow"] for p in problems),
         "grading_errors": sum(rows[p.id].get("grading_errors", 0) for p in problems),
@@ -214,19 +247,31 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
 
 def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress: bool = True) -> dict:
     """Check prompts fit the context, then fail@k with the configured backend and grader."""
-    check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
-                  cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens")
+    check_filter_prompts(cfg, problems, model, tokenizer)
     return run_filter(problems, make_generator(cfg, "filter", model, tokenizer, pristine=True),
                       make_grader(cfg.data.grader), cfg, out_dir, {"model": model_fingerprint(cfg.model)}, progress=progress)
 
 
+def check_filter_prompts(cfg, problems, model, tokenizer) -> None:
+    """Every problem's student prompt plus ``filter.max_tokens`` fits the model's context."""
+    check_context(tokenizer, [render_prompt(cfg.data.prompt_template, p.question) for p in problems],
+                  cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens", [p.id for p in problems])
+
+
 def run_filter_stage(cfg) -> dict:
-    """The ``soar-filter`` stage: load model and questions, validate, run, write the hard set."""
-    stage = setup_stage(cfg, "filter")
+    """The ``soar-filter`` stage: load model and questions, validate (all before the run dir is
+    written), run, write the hard set."""
+    def read_questions(stage) -> list[Problem]:
+        problems = load_problems(cfg.data)
+        check_filter_prompts(cfg, problems, stage.model, stage.tokenizer)
+        return problems
+
+    stage = setup_stage(cfg, "filter", prepare=read_questions)
     try:
-        summary = filter_to_hard_set(cfg, load_problems(cfg.data), stage.model, stage.tokenizer, stage.run.path,
+        summary = filter_to_hard_set(cfg, stage.prepared, stage.model, stage.tokenizer, stage.run.path,
                                      cfg.run.progress)
-        print(json.dumps({k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test")}))
+        shown = {k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test")}
+        print(json.dumps({**shown, "ungradable_golds": len(summary["ungradable_golds"])}))
         return summary
     finally:
         stage.close()

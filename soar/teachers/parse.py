@@ -5,22 +5,22 @@ content the grader can parse. First pair wins; empty parts are rejected; text ou
 
 Untrusted model text, so also rejected: a question holding an answer tag (it would hand the
 student the answer), an answer span with unbalanced braces (``\\boxed{5}}``: the box the model
-closed is not the one it meant), and control characters or lone surrogates (NUL, ``\\ud800``:
-they break tokenizers, JSON consumers and parquet). The paper's prompt closes the question with
-``<question>``, so ``<question>A<question>B</question>`` is the question ``A``; the rest is
-text between the tags."""
+closed is not the one it meant), and the characters data rows may not hold either
+(``soar.data.UNSAFE_CHARACTERS``: control characters, bidirectional overrides, lone surrogates).
+The paper's prompt closes the question with ``<question>``, so ``<question>A<question>B</question>``
+is the question ``A``; the rest is text between the tags."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+from soar.data import UNSAFE_CHARACTERS
 from soar.grading import extract_boxed
 from soar.teachers.prompts import TeacherFormat
 
 REJECT_REASONS = ("no_tags", "empty_question", "bad_characters", "answer_in_question", "no_box",
                   "unbalanced_braces", "unparseable_answer", "question_too_long")
-_BAD_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")  # C0 controls but \t \n \r; DEL; surrogates
 _BRACE = re.compile(r"(?<!\\)(?:\\\\)*([{}])")  # an unescaped brace (``\{`` is text, ``\\{`` is structure)
 
 
@@ -49,7 +49,7 @@ def parse_pair(text: str, fmt: TeacherFormat = TeacherFormat(), answer_ok=None,
     question, answer_span = m.group(1).strip(), m.group(2)
     if not question:
         return Reject("empty_question")
-    if _BAD_CHARACTERS.search(question) or _BAD_CHARACTERS.search(answer_span):
+    if UNSAFE_CHARACTERS.search(question) or UNSAFE_CHARACTERS.search(answer_span):
         return Reject("bad_characters")
     if re.search(rf"</?{a}>", question):
         return Reject("answer_in_question")
