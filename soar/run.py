@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -102,7 +103,7 @@ STAGE_COMMANDS = {"train": "soar-train", "filter": "soar-filter", "rl": "soar-rl
 """The command of each stage that owns run directories (``meta.json``'s ``stage``)."""
 
 RESUME_FREE_KEYS = (
-    "loop.steps",  # extending a run (a teacher.max_steps of ${loop.steps}, its cosine horizon, is compared)
+    "loop.steps",  # extending a run; a teacher.max_steps of ${loop.steps} keeps the run's value (its horizon)
     "run.",  # where the run lives and how it is run: name, dir, resume policy, threads, loggers, progress bars
     "loop.keep_last", "loop.keep_every", "loop.checkpoint_every", "loop.async_checkpoint",  # what is kept, when
     "loop.dump_every", "loop.dump_completions",  # what the step dumps show
@@ -190,6 +191,7 @@ class RunDir:
                               "command's run: choose another run.dir")
         changes = settings_changes(_with_world_defaults(_stored_settings(config), self.cfg), self.cfg)
         free = RESUME_FREE_KEYS + (LATER_STAGE_KEYS if self.stage != "eval" else ())
+        kept = self._keep_derived_settings(changes, free)
         fixed = {k: v for k, v in changes.items() if not is_free(k, free)}
         recorded = (meta.get("model") or {}).get("identity")
         current = model_identity(self.cfg.model) if recorded is not None else None
@@ -202,7 +204,26 @@ class RunDir:
                               f"run with other settings ({len(fixed)} differ: {shown}{more}); rerun with the run's "
                               "settings (its config.yaml) or choose a new run.dir (a resume may change only "
                               "loop.steps, run.*, threads and where students train: soar.run.RESUME_FREE_KEYS)")
-        self.changes = changes
+        self.changes = {**changes, **kept}
+
+    def _keep_derived_settings(self, changes: dict, free: tuple[str, ...]) -> dict:
+        """A setting that only follows a free one (``teacher.max_steps: ${loop.steps}``, the teacher's
+        cosine horizon) keeps the run's value when that free one changes: extending ``loop.steps``
+        continues the schedule the run started with instead of changing it under the steps already
+        run. Returns the kept settings as ``{key: (stored, kept)}`` for ``restarts.jsonl``."""
+        kept = {}
+        for key, (old, new) in list(changes.items()):
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(self.cfg, parent) if parent else self.cfg
+            if is_free(key, free) or node is None or not OmegaConf.is_interpolation(node, leaf):
+                continue
+            sources = re.findall(r"\$\{([^}:]+)\}", str(node._get_node(leaf)._value()))
+            if sources and all(is_free(source, free) for source in sources):
+                OmegaConf.update(self.cfg, key, old, merge=False)
+                del changes[key]
+                kept[f"{key} (kept, not {new}: it follows {', '.join(sources)})"] = (old, old)
+                log.info("%s stays %s, the run's value (it follows %s), not %s", key, old, ", ".join(sources), new)
+        return kept
 
     def commit(self) -> None:
         """Write this command's provenance: ``config.yaml`` and ``meta.json`` for a new run (once,

@@ -24,6 +24,8 @@ from typing import Callable
 
 import pytest
 
+from soar.run import read_metrics
+
 from conftest import arith_data, script
 
 pytestmark = pytest.mark.timeout(600)
@@ -518,8 +520,6 @@ def drop_last_hard_train_row(run_dir: Path) -> None:
     (None, lambda r, m: train_args(r, MICRO_STEPS, "seed=8", "filter.k=4", "teacher.datasets=3", model=m),
      ("holds a soar-train run with other settings (3 differ: filter.k 8 -> 4; seed 0 -> 8; teacher.datasets 2 -> 3)",
       "rerun with the run's settings (its config.yaml) or choose a new run.dir")),
-    (None, lambda r, m: train_args(r, "loop.steps=3", model=m),  # the teacher's cosine horizon would change under it
-     ("1 differ: teacher.max_steps 2 -> 3 (it is ${loop.steps})",)),
     (drop_last_hard_train_row, lambda r, m: train_args(r, MICRO_STEPS, model=m),
      ("run.dir: the hard set", "/hard_set is not the one", "started with (hard_set.json: sha256 ")),
     (None, lambda r, m: [script("soar-train"), "experiment=arith", "inner.reward_questions=8", f"run.dir={r}",
@@ -532,7 +532,7 @@ def drop_last_hard_train_row(run_dir: Path) -> None:
     (None, lambda r, m: [script("soar-rl"), f"model={m}", *arith_data(r / "hard_set" / "hard_train.jsonl"),
                          "run.threads=1", f"run.dir={r}"],
      ("is a soar-train run (its meta.json); soar-rl never writes into another command's run",)),
-], ids=["changed settings", "loop.steps with teacher.max_steps=${loop.steps}", "edited hard set",
+], ids=["changed settings", "edited hard set",
         "another experiment", "model.path a file", "soar-filter into a train run", "soar-rl into a train run"])
 def test_a_refused_command_leaves_the_finished_run_byte_identical(tiny_model_dir, uninterrupted, tmp_path, edit,
                                                                    command, named):
@@ -569,6 +569,23 @@ def mutated(value):
     return [1, 0.5, "x", True, ["x"], [0.5], [[0.5]], {"a": "b"}]  # None: whatever the field's type takes
 
 
+def test_extending_loop_steps_keeps_the_teachers_horizon(tiny_model_dir, uninterrupted, tmp_path):
+    """Issue 52 §1: extending ``loop.steps`` stays allowed. arith_micro's ``teacher.max_steps`` is
+    ``${loop.steps}``: it keeps the run's value (the cosine the run started with) instead of changing
+    under the steps already run, and restarts.jsonl says so; config.yaml and meta.json are untouched."""
+    run_dir = tmp_path / "extended"
+    shutil.copytree(uninterrupted, run_dir)
+    provenance = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "meta.json")}
+    res = cli(train_args(run_dir, "loop.steps=3", model=tiny_model_dir))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert {name: (run_dir / name).read_bytes() for name in provenance} == provenance
+    changed = json.loads((run_dir / "restarts.jsonl").read_text().splitlines()[-1])["changed"]
+    assert changed.pop("run.dir")[1] == str(run_dir)  # the copy's new place
+    assert changed == {"loop.steps": [2, 3], "teacher.max_steps (kept, not 3: it follows loop.steps)": [2, 2]}
+    assert "teacher.max_steps stays 2" in res.stdout + res.stderr
+
+
 def test_resume_refuses_every_result_shaping_setting_and_allows_the_free_ones(tmp_path, monkeypatch):
     """Issue 52 §1: every setting outside ``soar.run.RESUME_FREE_KEYS`` (and the later stages' sections),
     changed one at a time, is refused naming it; each free one (loop.steps among them) is allowed and
@@ -586,7 +603,7 @@ def test_resume_refuses_every_result_shaping_setting_and_allows_the_free_ones(tm
     # config.yaml is read once (it is never rewritten, as asserted below): 0.2 s a read, 200 reads
     monkeypatch.setattr(run_module, "_stored_settings", functools.lru_cache(run_module._stored_settings))
     run_dir = tmp_path / "run"
-    # teacher.max_steps pinned: the preset's ${loop.steps} would change with loop.steps (refused, above)
+    # teacher.max_steps pinned: the preset's ${loop.steps} keeps its value when loop.steps changes (above)
     base = soar.compose(["experiment=arith_micro", "model.path=org/m", f"run.dir={run_dir}", "teacher.max_steps=3"])
     first = RunDir(base, "train")
     first.commit()
