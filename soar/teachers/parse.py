@@ -20,7 +20,7 @@ from soar.teachers.prompts import TeacherFormat
 
 REJECT_REASONS = ("no_tags", "empty_question", "bad_characters", "answer_in_question", "no_box",
                   "unbalanced_braces", "unparseable_answer", "question_too_long")
-_BAD_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")  # C0 controls but \t \n \r; DEL; surrogates
+BAD_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")  # C0 controls but \t \n \r; DEL; surrogates
 _BRACE = re.compile(r"(?<!\\)(?:\\\\)*([{}])")  # an unescaped brace (``\{`` is text, ``\\{`` is structure)
 
 
@@ -49,7 +49,7 @@ def parse_pair(text: str, fmt: TeacherFormat = TeacherFormat(), answer_ok=None,
     question, answer_span = m.group(1).strip(), m.group(2)
     if not question:
         return Reject("empty_question")
-    if _BAD_CHARACTERS.search(question) or _BAD_CHARACTERS.search(answer_span):
+    if BAD_CHARACTERS.search(question) or BAD_CHARACTERS.search(answer_span):
         return Reject("bad_characters")
     if re.search(rf"</?{a}>", question):
         return Reject("answer_in_question")
