@@ -114,7 +114,8 @@ def completion_values(values_BT: torch.Tensor, prompt_ids: list[list[int]], comp
                       ) -> list[list[float]]:
     """Each completion's own values out of a ``pack_sequences`` layout (the inverse of
     ``pack_completion_values``): row i, positions ``len(prompt_i) - 1`` onwards, one per completion token."""
-    return [values_BT[i, len(p) - 1: len(p) - 1 + len(c)].tolist() for i, (p, c) in enumerate(zip(prompt_ids, completion_ids))]
+    return [values_BT[i, len(p) - 1: len(p) - 1 + len(c)].tolist()
+            for i, (p, c) in enumerate(zip(prompt_ids, completion_ids))]
 
 
 def pack_completion_values(prompt_ids: list[list[int]], values: list[list[float]], width: int) -> torch.Tensor:

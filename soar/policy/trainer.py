@@ -24,8 +24,15 @@ import torch
 from soar.data import render_prompt
 from soar.generation import HFGenerator, SamplingParams, correctness
 from soar.models import export_policy, save_policy
-from soar.policy.rloo import (completion_values, distill_token_weights, pack_completion_values, pack_sequences,
-                              rloo_advantages, token_logprobs, weighted_rloo_loss)
+from soar.policy.rloo import (
+    completion_values,
+    distill_token_weights,
+    pack_completion_values,
+    pack_sequences,
+    rloo_advantages,
+    token_logprobs,
+    weighted_rloo_loss,
+)
 from soar.policy.scores import REWARD_METRICS, gold_scores
 from soar.seeding import derive_seed
 from soar.tokens import encode_prompts, stop_token_ids
