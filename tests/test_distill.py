@@ -8,11 +8,13 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import soar
+import soar.hydra_config
 from soar.coach import Advice, parse_advice
 from soar.config import DistillConfig, StudentConfig
 from soar.data import Problem, write_jsonl
@@ -283,3 +285,29 @@ def test_llm_coach_on_the_rehearsal_model(rehearsal_model_dir, tmp_path):
     assert sum(r["distill/advised_frac"] for r in rows) > 0
     rejected = [d["rejected"] for d in dump if "rejected" in d]
     assert sum(r.get(f"coach/reject/{reason}", 0) for r in rows for reason in set(rejected)) == len(rejected)
+
+
+def test_real_model_preset_composes_and_validates(tmp_path):
+    """experiment=distill_math_8b (not run here: no GPU) composes into a valid soar-rl config."""
+    data = tmp_path / "hard_train.jsonl"
+    write_jsonl(data, [{"id": "1", "question": "What is 1+1?", "answer": "2"}])
+    cfg = soar.compose(["experiment=distill_math_8b", f"data.path={data}"])
+    soar.validate(cfg, "rl")
+    assert (cfg.model.path, cfg.distill.coach, cfg.distill.coach_model.path) == (
+        "meta-llama/Llama-3.1-8B-Instruct", "llm", "meta-llama/Llama-3.3-70B-Instruct")
+    assert cfg.student.lora.r == 32 and cfg.distill.teacher == "frozen" and cfg.backend.coach == "vllm"
+    text = (Path(soar.hydra_config.conf_dir()) / "experiment" / "distill_math_8b.yaml").read_text()
+    assert "NOT RUN HERE" in text
+
+
+@pytest.mark.parametrize("override, field", [
+    ("distill.coach=oracle", "distill.coach"), ("distill.teacher=ema", "distill.teacher"),
+    ("distill.advice_template=nothing", "distill.advice_template"),
+    ("distill.max_advice_chars=0", "distill.max_advice_chars"),
+    ("distill.rl_coef=-1", "distill.rl_coef")])
+def test_bad_distill_config_names_the_field(override, field, tmp_path):
+    data = tmp_path / "q.jsonl"
+    write_jsonl(data, [{"id": "1", "question": "1+1", "answer": "2"}])
+    cfg = soar.compose(["experiment=distill_arith", f"data.path={data}", override])
+    with pytest.raises(soar.ConfigError, match=field.replace(".", r"\.")):
+        soar.validate(cfg, "rl")
