@@ -44,10 +44,10 @@ def char_pair():
     return tok, model, teacher
 
 
-def distill_trainer(model, tok, teacher, temperature=1.0, **distill):
+def distill_trainer(model, tok, initial, temperature=1.0, **distill):
     s = StudentConfig(group_size=2, kl_coef=0.0, max_grad_norm=None, micro_batch_size=2, lr=1e-3, max_steps=1,
                       temperature=temperature)
-    return RLOOTrainer(model, tok, make_grader("integer"), s, "{question}", seed=0, ref_model=teacher,
+    return RLOOTrainer(model, tok, make_grader("integer"), s, "{question}", seed=0, ref_model=initial,
                        distill=DistillConfig(coach="world", **distill))
 
 
@@ -58,11 +58,14 @@ def unpadded_logprobs(model, prompt, completion, temperature):
     return logp[torch.arange(len(prompt) - 1, len(prompt) - 1 + len(completion)), torch.tensor(completion)]
 
 
-@pytest.mark.parametrize("stop_token", [True, False])
-def test_distill_loss_matches_hand_computation(stop_token):
-    tok, model, teacher = char_pair()
+@pytest.mark.parametrize("stop_token, which", [(True, "frozen"), (False, "frozen"), (True, "updated")])
+def test_distill_loss_matches_hand_computation(stop_token, which):
+    """``frozen``: the teacher is the initial copy; ``updated``: the current policy (no gradient through it)."""
+    tok, model, initial = char_pair()
     temperature, coef, rl_coef = 0.7, 0.8, 0.5
-    trainer = distill_trainer(model, tok, teacher, temperature, coef=coef, rl_coef=rl_coef, stop_token=stop_token)
+    trainer = distill_trainer(model, tok, initial, temperature, coef=coef, rl_coef=rl_coef, stop_token=stop_token,
+                              teacher=which)
+    teacher = initial if which == "frozen" else model
     ids = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
     prompts = [ids("12+34="), ids("5+6="), ids("7+8=")]
     completions = [ids("46") + [tok.eos_token_id], ids("11x"), ids("15") + [tok.eos_token_id]]

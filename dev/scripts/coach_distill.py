@@ -88,6 +88,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--arms", nargs="+", default=["distill", "hard_only", "pq"])
+    ap.add_argument("--base-seeds", type=int, nargs="*", default=None,
+                    help="seeds of the untrained model's pass@32 with and without advice (default: --seeds); "
+                         "they run after every trained arm")
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -116,14 +119,6 @@ def main() -> None:
                 "recipe": "soar-rl experiment=distill_arith (8 questions x 8 samples, lr 1e-4, full fine-tuning)"})
     raw = out.setdefault("raw", {})
     for seed in args.seeds:
-        for view, tmpl in (("base_no_advice", None), ("base_with_advice", advice_template)):
-            key = f"{view}/s{seed}"
-            if key not in raw:
-                t0 = time.time()
-                raw[key] = pass_at_k(base, hard_test, template, tmpl, seed)
-                raw[key]["seconds"] = time.time() - t0
-                print(key, raw[key], flush=True)
-                args.out.write_text(json.dumps(out, indent=1))
         for arm in args.arms:
             key = f"{arm}/s{seed}"
             if key in raw:
@@ -134,10 +129,20 @@ def main() -> None:
             raw[key]["seconds"] = time.time() - t0
             print(key, raw[key], flush=True)
             args.out.write_text(json.dumps(out, indent=1))
+    for seed in args.seeds if args.base_seeds is None else args.base_seeds:
+        for view, tmpl in (("base_no_advice", None), ("base_with_advice", advice_template)):
+            key = f"{view}/s{seed}"
+            if key not in raw:
+                t0 = time.time()
+                raw[key] = pass_at_k(base, hard_test, template, tmpl, seed)
+                raw[key]["seconds"] = time.time() - t0
+                print(key, raw[key], flush=True)
+                args.out.write_text(json.dumps(out, indent=1))
 
     rows = {}
+    all_seeds = sorted(set(args.seeds) | set(args.base_seeds or []))
     for name in ["base_no_advice", "base_with_advice", *args.arms]:
-        seeds = [s for s in args.seeds if f"{name}/s{s}" in raw]
+        seeds = [s for s in all_seeds if f"{name}/s{s}" in raw]
         if seeds:
             rows[name] = {"seeds": seeds, **{m: summarise([raw[f"{name}/s{s}"][m] for s in seeds])
                                            for m in ("pass@32", "mean_acc")}}
@@ -145,7 +150,7 @@ def main() -> None:
     diffs = {}
     for a, b in (("base_with_advice", "base_no_advice"), ("distill", "base_no_advice"), ("distill", "hard_only"),
                  ("distill", "pq"), ("pq", "hard_only"), ("hard_only", "base_no_advice")):
-        seeds = [s for s in args.seeds if f"{a}/s{s}" in raw and f"{b}/s{s}" in raw]
+        seeds = [s for s in all_seeds if f"{a}/s{s}" in raw and f"{b}/s{s}" in raw]
         if seeds:
             diffs[f"{a}-{b}"] = {m: compare([raw[f"{a}/s{s}"][m] for s in seeds], [raw[f"{b}/s{s}"][m] for s in seeds])
                                  for m in ("pass@32", "mean_acc")}
