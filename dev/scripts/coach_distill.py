@@ -39,7 +39,8 @@ from soar.worlds.arith import carry_advice
 
 
 def pass_at_k(model_dir: str, problems, template: str, advice_template: str | None, seed: int, k: int = 32) -> dict:
-    """pass@k (n = k samples at T = 1, so pass@k = any correct) and mean sampled accuracy on ``problems``;
+    """pass@k (n = k samples at T = 1, so pass@k = any correct) and mean sampled accuracy on ``problems``
+    (trained arms also get ``greedy``, soar-rl's final greedy accuracy on the same problems);
     with ``advice_template``, each prompt carries the world coach's advice (the teacher's view)."""
     cfg = soar.compose(["experiment=distill_arith", f"model.path={model_dir}"])
     tok, model = load_tokenizer(cfg.model), load_model(cfg.model).eval()
@@ -129,6 +130,12 @@ def main() -> None:
             raw[key]["seconds"] = time.time() - t0
             print(key, raw[key], flush=True)
             args.out.write_text(json.dumps(out, indent=1))
+    for seed in args.seeds:
+        for arm in args.arms:  # greedy accuracy on hard test, from soar-rl's own final evaluation
+            metrics = args.work / f"{arm}_s{seed}" / "metrics.jsonl"
+            if f"{arm}/s{seed}" in raw and metrics.exists():
+                rows_m = [json.loads(line) for line in metrics.read_text().splitlines()]
+                raw[f"{arm}/s{seed}"]["greedy"] = rows_m[-1]["eval/accuracy"]
     for seed in args.seeds if args.base_seeds is None else args.base_seeds:
         for view, tmpl in (("base_no_advice", None), ("base_with_advice", advice_template)):
             key = f"{view}/s{seed}"
