@@ -10,7 +10,8 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
     2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, scores)
     3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, batched,
                   promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
-                  worlds (the World interface and one module per world), the Llama-3.2 rehearsal model
+                  worlds (the World interface and one module per world), the Llama-3.2 rehearsal model, the
+                  coach of context distillation (soar.coach)
     4 stages      validation, Hydra's configuration (soar.hydra_config), run data, the stage setup
                   (soar.stage), soar-rl (soar.rl), soar-filter (filters), prepare, the step dump, the outer
                   loop (soar.loop)
@@ -47,6 +48,7 @@ LAYERS: dict[str, int] = {
     "soar.teachers.update": 3, "soar.students": 3, "soar.students.trainer": 3, "soar.students.pool": 3,
     "soar.students.lockstep": 3, "soar.students.batched": 3, "soar.students.promotion": 3, "soar.rewards": 3,
     "soar.worlds": 3, "soar.worlds.base": 3, "soar.worlds.arith": 3, "soar.rehearsal": 3,
+    "soar.coach": 3,
     "soar.validation": 4, "soar.hydra_config": 4, "soar.rundata": 4, "soar.stage": 4, "soar.rl": 4,
     "soar.filters": 4, "soar.filters.failk": 4, "soar.prepare": 4, "soar.step_dump": 4, "soar.loop": 4,
     "soar.evaluate": 5, "soar.export": 5, "soar.report": 5, "soar.estimate": 5,

@@ -142,7 +142,7 @@ class DataConfig:
     dir): ``world``, the configured world's ``build_pool``, or a ``module:function(cfg, out_dir) -> path``."""
 
 
-BACKEND_ROLES = ("filter", "teacher", "student", "eval")
+BACKEND_ROLES = ("filter", "teacher", "student", "eval", "coach")
 
 
 def resolve_backend(backend_cfg, role: str) -> str:
@@ -213,6 +213,9 @@ class BackendConfig:
     trained; None: ``name``)."""
     eval: Optional[str] = None
     """Backend of greedy/sampled evaluation (baseline, students on Q_R, intrinsic rewards; None: ``name``)."""
+    coach: Optional[str] = None
+    """Backend of an LLM coach's advice (``distill.coach=llm``; None: ``name``). ``vllm`` starts an engine
+    of ``distill.coach_model.path``."""
     batch_size: int = 256
     """Most sequences per HF ``generate`` call (prompts x samples); bounds memory."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -439,6 +442,68 @@ class FilterConfig:
     """Group sizes G for which the summary reports P(a group of G samples is mixed)."""
 
 
+COACH_PROMPT = (
+    "You are a coach for a student who solves math problems. Read the problem, the student's answer, its "
+    "grade and the reference answer. Write one short piece of advice that would help the student solve "
+    "problems like this one: a method, a check or a pitfall, not this problem's answer.\n"
+    "Problem: {question}\n"
+    "Student's answer: {response}\n"
+    "Grade: {grade}\n"
+    "Reference answer: {reference}\n"
+    "Write the advice between <advice> and </advice>.\n"
+)
+"""The coach prompt (``distill.coach_prompt``): slots ``{question}``, ``{response}`` (the policy's
+completion), ``{grade}`` (``correct`` / ``incorrect``) and ``{reference}`` (the gold answer)."""
+
+
+@dataclass
+class DistillConfig:
+    """Coach-guided on-policy context distillation (issue 53 B): for each of the policy's rollouts a
+    coach writes short advice from the question, the rollout, its grade and the reference answer; the
+    teacher is the policy's initial copy conditioned on that advice (``advice_template``), and the policy
+    is trained, on its own samples, towards the teacher by the per-token reverse KL
+    (``soar.policy.rloo.distill_token_weights``), mixed with the RLOO reward. Used by ``soar-rl``."""
+
+    coach: Optional[str] = None
+    """None: no distillation (plain RLOO). ``world``: the configured world's programmatic coach
+    (``World.coach_advice``; the embedded world writes the question's carry positions: a stand-in for an
+    LLM coach). ``llm``: ``coach_model`` generating from ``coach_prompt``."""
+    coach_model: ModelConfig = field(default_factory=lambda: ModelConfig(path=None))
+    """``coach=llm``: the coach's model (any HF causal LM; ``path`` null: the policy's ``model``)."""
+    coach_prompt: str = COACH_PROMPT
+    """``coach=llm``: the coach's prompt (``COACH_PROMPT``'s slots)."""
+    advice_tag: Optional[str] = "advice"
+    """``coach=llm``: the tag around the advice (``<advice>...</advice>``); parsed with the teacher
+    parser's rules (``soar.coach.parse_advice``). None: the whole completion is the advice (same checks
+    but the tags), for a coach that writes plain text."""
+    max_advice_chars: int = 400
+    """Longer advice is rejected (``coach/reject/too_long``): advice is short and transferable."""
+    coach_max_tokens: int = 128
+    """``coach=llm``: most tokens per coach completion."""
+    coach_temperature: float = 0.7
+    """``coach=llm``: the coach's sampling temperature (0: greedy)."""
+    advice_template: str = "{advice}\n{prompt}"
+    """The teacher's prompt: ``{prompt}`` is the policy's rendered prompt, ``{advice}`` the advice. Only
+    this prefix differs between the teacher and the policy: both score the same sampled token ids."""
+    coef: float = 1.0
+    """Weight of the distillation term: each completion token's policy-gradient weight gets
+    ``-coef * (log pi(x_t) - log pi_teacher(x_t | advice))`` (0: RLOO only)."""
+    rl_coef: float = 1.0
+    """Weight of the RLOO advantages beside it (0: pure distillation, no reward)."""
+    stop_token: bool = True
+    """Distil the stop token (EOS) that ends a rollout too. False leaves it to the RLOO term: for a teacher
+    whose advice-conditioned format ends answers differently (the embedded world's teacher role closes
+    them with ``</answer>`` and gives EOS after ``\\boxed{...}`` ~1e-5), distilling it would teach the
+    policy never to stop."""
+    teacher: str = "frozen"
+    """``frozen``: the initial policy (the paper's default; LoRA: the adapter disabled, full fine-tuning: a
+    second copy of ``model``). ``updated``: the current policy (no gradient through it); the paper
+    reports that an updated teacher causes forgetting."""
+    dump_every: int = 1
+    """Write ``advice/step_N.jsonl`` (each rollout's question, completion, grade, the coach's raw text,
+    the advice or its rejection) every N steps; 0: never."""
+
+
 @dataclass
 class RunConfig:
     name: str = "default"
@@ -650,6 +715,7 @@ class SoarConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     world: Any = None
     """The world's settings (``world=<name>``: ``conf/world/<name>.yaml``, typed by the config class
     the world registers; ``soar.worlds.base``); its ``name`` selects the ``World`` behind the ``world``

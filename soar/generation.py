@@ -148,14 +148,16 @@ def generate_many(requests: list[tuple[Generator, list[str], SamplingParams]]) -
     return out
 
 
-def make_generator(cfg, role: str, model, tokenizer, pristine: bool = False) -> Generator:
+def make_generator(cfg, role: str, model, tokenizer, pristine: bool = False, engine_path: str | None = None
+                   ) -> Generator:
     """The generator of ``role`` serving ``model``'s weights (None: set later with ``sync_weights``).
-    ``vllm`` starts (or reuses) the engine of ``cfg.model.path``, the run's base checkpoint: every
-    policy of a run shares its architecture, and their weights are pushed in, unless ``pristine``
-    says ``model`` holds exactly the checkpoint's weights (the engine then serves its own copy)."""
+    ``vllm`` starts (or reuses) the engine of ``engine_path`` (default ``cfg.model.path``, the run's base
+    checkpoint: every policy of a run shares its architecture, and their weights are pushed in, unless
+    ``pristine`` says ``model`` holds exactly the checkpoint's weights: the engine then serves its own
+    copy; e.g. the coach's model, ``distill.coach_model``)."""
     if resolve_backend(cfg.backend, role) == "hf":
         return HFGenerator(model, tokenizer, batch_size=cfg.backend.batch_size)
-    engine = engine_for(cfg.model.path, cfg.backend.vllm, cfg.model.max_context, cfg.seed,
+    engine = engine_for(engine_path or cfg.model.path, cfg.backend.vllm, cfg.model.max_context, cfg.seed,
                         training_bytes=lambda: process_training_bytes(cfg))
     return VLLMGenerator(engine, None if pristine else model, tokenizer)
 

@@ -6,6 +6,12 @@ own, with resume and metrics.
 
 Per step: pick ``questions_per_step`` questions (shuffled per epoch from the seed, without
 replacement, wrapping: ``soar.students.trainer.batch_indices``) and take one ``RLOOTrainer`` step on them.
+
+With ``distill.coach`` set it is coach-guided on-policy context distillation (``soar.coach``,
+``DistillConfig``): a coach advises on every rollout, the advice-conditioned initial policy is the
+teacher, and the step's loss adds the per-token reverse KL to it (``experiment=distill_arith``)::
+
+    soar-rl experiment=distill_arith data.path=HARD/hard_train.jsonl data.eval_path=HARD/hard_test.jsonl
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from soar.coach import Advisor, make_coach
 from soar.data import load_problems, render_prompt
 from soar.grading import make_grader
 from soar.models import load_model, load_trainer_state
@@ -44,9 +51,13 @@ def run_rl(cfg) -> dict:
     run, tokenizer, model = stage.run, stage.tokenizer, stage.model
     try:
         problems, eval_problems = stage.prepared
-        ref = load_model(cfg.model) if s.lora.r == 0 and s.kl_coef > 0 else None
+        d = cfg.distill
+        frozen_teacher = d.coach is not None and d.teacher == "frozen"
+        ref = load_model(cfg.model) if s.lora.r == 0 and (s.kl_coef > 0 or frozen_teacher) else None
+        advisor = Advisor(cfg, make_coach(cfg), run.path / "advice") if d.coach is not None else None
         trainer = RLOOTrainer(model, tokenizer, make_grader(cfg.data.grader), s, cfg.data.prompt_template,
-                              cfg.seed, ref_model=ref, batch_size=cfg.backend.batch_size)
+                              cfg.seed, ref_model=ref, batch_size=cfg.backend.batch_size,
+                              distill=d if advisor is not None else None, advisor=advisor)
         start = 0
         if run.resume_from is not None:
             trainer.load_state_dict(load_trainer_state(run.resume_from / "state.pt"))

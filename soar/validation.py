@@ -305,13 +305,44 @@ def _validate_filter(cfg, stage: str) -> None:
         fail("filter.mixed_group_sizes", f"every group size must be >= 1, got {list(f.mixed_group_sizes)}")
 
 
+def _validate_distill(cfg, stage: str) -> None:
+    """``distill.*`` (coach-guided context distillation in ``soar-rl``)."""
+    d = cfg.distill
+    if d.coach is None:
+        return
+    if d.coach not in ("world", "llm"):
+        fail("distill.coach", f"must be null, world or llm, got {d.coach!r}")
+    if d.coach == "world" and (cfg.world is None or not cfg.world.get("name")):
+        fail("distill.coach", "world needs a configured world (world=<name>)")
+    if d.teacher not in ("frozen", "updated"):
+        fail("distill.teacher", f"must be frozen or updated, got {d.teacher!r}")
+    for name in ("coef", "rl_coef"):
+        if getattr(d, name) < 0:
+            fail(f"distill.{name}", f"must be >= 0, got {getattr(d, name)}")
+    if d.coef == 0 and d.rl_coef == 0:
+        fail("distill.coef", "distill.coef and distill.rl_coef are both 0: nothing to train on")
+    for slot in ("{advice}", "{prompt}"):
+        if slot not in d.advice_template:
+            fail("distill.advice_template", f"must contain a {slot} slot")
+    for name in ("max_advice_chars", "coach_max_tokens"):
+        if getattr(d, name) < 1:
+            fail(f"distill.{name}", f"must be >= 1, got {getattr(d, name)}")
+    if d.coach_temperature < 0:
+        fail("distill.coach_temperature", "must be >= 0 (0: greedy)")
+    if d.dump_every < 0:
+        fail("distill.dump_every", "must be >= 0 (0: never)")
+    path = d.coach_model.path
+    if d.coach == "llm" and path and _looks_local(path) and not Path(path).exists():
+        fail("distill.coach_model.path", f"local path {path} does not exist")
+
+
 _SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student,
                    "teacher": _validate_teacher,
                    "inner": _validate_inner, "promotion": _validate_promotion, "loop": _validate_loop,
-                   "resources": _validate_resources_section, "filter": _validate_filter}
+                   "resources": _validate_resources_section, "filter": _validate_filter, "distill": _validate_distill}
 
 STAGE_SECTIONS = {
-    "rl": ("inputs", "grader", "student"),
+    "rl": ("inputs", "grader", "student", "distill"),
     "filter": ("inputs", "grader", "filter"),
     # soar-train builds its hard set with fail@k (filter.*) unless loop.hard_set is a finished split.
     "train": ("inputs", "grader", "student", "teacher", "inner", "promotion", "loop", "resources", "filter"),

@@ -98,6 +98,26 @@ def full_token_logprobs(model, input_ids_BT: torch.Tensor, attention_mask_BT: to
     return (logp, raw_logp.detach()) if raw else logp
 
 
+def distill_token_weights(logp_BT: torch.Tensor, teacher_logp_BT: torch.Tensor, mask_BT: torch.Tensor,
+                          coef: float) -> torch.Tensor:
+    """On-policy context distillation as per-token policy-gradient weights: ``-coef * (log pi(x_t) - log
+    pi_teacher(x_t))`` on the tokens of ``mask_BT``, detached. ``x_t`` is the policy's own sampled token and
+    ``log pi - log pi_teacher`` the per-token reverse-KL estimate KL(pi || pi_teacher) at that position;
+    since E_pi[grad log pi] = 0, -sum(w * log pi) has, in expectation over the policy's samples, the
+    gradient of ``coef`` times the per-token reverse KL (each position's own KL, no sum over later
+    tokens), as in on-policy distillation (Agarwal et al. 2024; Thinking Machines 2025). Added to the
+    RLOO weights, ``weighted_rloo_loss`` mixes the two."""
+    return -coef * (logp_BT.detach() - teacher_logp_BT) * mask_BT
+
+
+def completion_values(values_BT: torch.Tensor, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+                      ) -> list[list[float]]:
+    """Each completion's own values out of a ``pack_sequences`` layout (the inverse of
+    ``pack_completion_values``): row i, positions ``len(prompt_i) - 1`` onwards, one per completion token."""
+    return [values_BT[i, len(p) - 1: len(p) - 1 + len(c)].tolist()
+            for i, (p, c) in enumerate(zip(prompt_ids, completion_ids))]
+
+
 def pack_completion_values(prompt_ids: list[list[int]], values: list[list[float]], width: int) -> torch.Tensor:
     """Per-completion-token values (e.g. an engine's log-probs) laid out like ``pack_sequences``'s mask."""
     out = torch.zeros((len(values), width - 1), dtype=torch.float32)

@@ -5,6 +5,10 @@ advantages (``update``) or, as a student, samples, grades and steps on a batch o
 Per student step: sample ``group_size`` completions per question, grade them with the shaped reward,
 RLOO advantages within each group, policy gradient + k3 KL to the reference, AdamW + cosine decay.
 The teacher calls ``update`` with its dataset-level advantages (``soar.teachers.update``).
+
+With ``distill`` (``DistillConfig``) and an ``advisor`` (``soar.coach.Advisor``: a coach's advice per
+rollout, set by ``soar-rl``), a student step also distils: the advice-conditioned teacher scores the same
+sampled token ids, and each token's weight gets the reverse-KL term (``soar.policy.rloo.distill_token_weights``).
 """
 
 from __future__ import annotations
@@ -20,10 +24,18 @@ import torch
 from soar.data import render_prompt
 from soar.generation import HFGenerator, SamplingParams, correctness
 from soar.models import export_policy, save_policy
-from soar.policy.rloo import pack_completion_values, pack_sequences, rloo_advantages, rloo_loss, token_logprobs
+from soar.policy.rloo import (
+    completion_values,
+    distill_token_weights,
+    pack_completion_values,
+    pack_sequences,
+    rloo_advantages,
+    token_logprobs,
+    weighted_rloo_loss,
+)
 from soar.policy.scores import REWARD_METRICS, gold_scores
 from soar.seeding import derive_seed
-from soar.tokens import encode_prompts
+from soar.tokens import encode_prompts, stop_token_ids
 
 
 @dataclass
@@ -118,8 +130,12 @@ class RLOOTrainer:
     """Owns a policy (full model or peft LoRA), its reference, optimiser and schedule."""
 
     def __init__(self, model, tokenizer, grader, student_cfg, prompt_template: str, seed: int,
-                 ref_model=None, batch_size: int = 256, role: str = "student", generator=None):
+                 ref_model=None, batch_size: int = 256, role: str = "student", generator=None, distill=None,
+                 advisor=None):
         self.cfg, self.tokenizer, self.grader, self.role = student_cfg, tokenizer, grader, role
+        self.distill, self.advisor = distill, advisor
+        """``DistillConfig`` and ``advisor(problems, prompts, samples_QG, grades, step) -> (teacher prompt text
+        or None per rollout, metrics)``: the rollouts' advice-conditioned prompts (None: not distilled)."""
         self.template, self.seed = prompt_template, seed
         if student_cfg.lora.r > 0:
             from peft import LoraConfig, get_peft_model  # deferred: only LoRA policies need peft
@@ -187,12 +203,19 @@ class RLOOTrainer:
             t0 -= sample_s
         t_sample = time.perf_counter()
         grades, rewards_QG, correct_QG, adv_QG = grade_rollouts(self.grader, problems, samples_QG)
-        t_grade = time.perf_counter()
+        t_grade = t_advice = time.perf_counter()
+
+        advice_metrics, teacher_prompt_ids = {}, None
+        if self.advisor is not None:
+            teacher_texts, advice_metrics = self.advisor(problems, prompts, samples_QG, grades, self.step_count)
+            teacher_prompt_ids = [None if t is None else encode_prompts(self.tokenizer, [t])[0] for t in teacher_texts]
+        t_advice = time.perf_counter()
 
         prompt_ids = encode_prompts(self.tokenizer, prompts)  # the ids the rollouts were conditioned on
         train_stats = self.update([prompt_ids[q] for q in range(len(problems)) for _ in range(cfg.group_size)],
                                   [s.token_ids for group in samples_QG for s in group], adv_QG.flatten(),
-                                  [s.logprobs for group in samples_QG for s in group] if self.checks_sync else None)
+                                  [s.logprobs for group in samples_QG for s in group] if self.checks_sync else None,
+                                  teacher_prompt_ids)
         skipped, lr = train_stats["skipped"], train_stats["lr"]
         t_train = time.perf_counter()
 
@@ -204,10 +227,12 @@ class RLOOTrainer:
             "student/kl": train_stats["kl"],
             "student/grad_norm": train_stats["grad_norm"],
             **({"student/sync_logprob_gap": train_stats["sync_logprob_gap"]} if "sync_logprob_gap" in train_stats else {}),
+            **({"distill/kl": train_stats["distill_kl"], "distill/advised_frac": train_stats["advised_frac"],
+                **advice_metrics, "time/advice_s": t_advice - t_grade} if self.advisor is not None else {}),
             "time/sample_s": t_sample - t0,  # includes time/sync_s
             "time/sync_s": getattr(self.generator, "last_sync_s", 0.0),  # weight push into an engine
             "time/grade_s": t_grade - t_sample,
-            "time/train_s": t_train - t_grade,  # forward_backward + optimizer + packing
+            "time/train_s": t_train - t_advice,  # forward_backward + optimizer + packing
             "time/forward_backward_s": train_stats["forward_backward_s"],
             "time/optimizer_s": train_stats["optimizer_s"],
         }
@@ -219,16 +244,22 @@ class RLOOTrainer:
         return self.cfg.sync_tolerance is not None and not isinstance(self.generator, HFGenerator)
 
     def update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], adv_B: torch.Tensor,
-               sampled_logprobs: list[list[float]] | None = None) -> dict:
+               sampled_logprobs: list[list[float]] | None = None,
+               teacher_prompt_ids: list[list[int] | None] | None = None) -> dict:
         """One policy-gradient step on given rollouts and advantages (students: per-question RLOO;
         the teacher: its dataset's A_k on every rollout). Skips the optimiser step when every
-        advantage is 0 and ``skip_zero_adv``; the schedule advances either way. With the engine's
-        ``sampled_logprobs``, a mean per-token gap above ``sync_tolerance`` raises ``SyncError``."""
-        skipped = self.cfg.skip_zero_adv and bool((adv_B == 0).all())
-        stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        advantage is 0 and ``skip_zero_adv`` and no rollout is distilled; the schedule advances either
+        way. With the engine's ``sampled_logprobs``, a mean per-token gap above ``sync_tolerance``
+        raises ``SyncError``. ``teacher_prompt_ids``: per rollout, the advice-conditioned prompt the
+        distillation teacher scores the same completion under (None: that rollout is not distilled)."""
+        advised = teacher_prompt_ids is not None and any(t is not None for t in teacher_prompt_ids)
+        skipped = self.cfg.skip_zero_adv and bool((adv_B == 0).all()) and not advised
+        stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "distill_kl": 0.0,
+                 "advised_frac": 0.0 if teacher_prompt_ids is None else
+                 sum(t is not None for t in teacher_prompt_ids) / max(len(teacher_prompt_ids), 1)}
         t0 = time.perf_counter()
         if not skipped:
-            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B, sampled_logprobs)
+            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B, sampled_logprobs, teacher_prompt_ids)
         t_backward = time.perf_counter()
         if not skipped:
             self.optimizer.step()
@@ -244,14 +275,19 @@ class RLOOTrainer:
         self.step_count += 1
         return stats
 
-    def accumulate_gradients(self, prompt_ids, completion_ids, adv_B: torch.Tensor, sampled_logprobs=None) -> dict:
+    def accumulate_gradients(self, prompt_ids, completion_ids, adv_B: torch.Tensor, sampled_logprobs=None,
+                             teacher_prompt_ids=None) -> dict:
         """Forward/backward in micro-batches; the loss is normalised by a whole-batch constant so
         the accumulated gradient equals the full-batch gradient whatever ``micro_batch_size`` is.
-        The sync check reuses the forward pass the loss needs anyway."""
+        The sync check reuses the forward pass the loss needs anyway. With ``teacher_prompt_ids``, each
+        distilled rollout's tokens also weigh ``distill_token_weights`` and the RLOO advantages
+        ``distill.rl_coef``."""
         cfg, n = self.cfg, len(completion_ids)
         n_tokens = sum(len(c) for c in completion_ids)
         normaliser = float(n if cfg.loss_norm == "sequence" else max(n_tokens, 1))
         pg_total, kl_total, sync_gap = 0.0, 0.0, 0.0
+        distill_total, advised_tokens = 0.0, 0
+        rl_coef = self.distill.rl_coef if teacher_prompt_ids is not None else 1.0
         self.model.train()
         device = self.model.device
         for start in range(0, n, cfg.micro_batch_size):
@@ -264,7 +300,15 @@ class RLOOTrainer:
             if sampled_logprobs is not None:  # engines return T = 1 log-probs of the sampled tokens
                 engine = pack_completion_values(prompt_ids[sl], sampled_logprobs[sl], ids.shape[1]).to(device)
                 sync_gap += ((raw_logp - engine).abs() * mask).sum().item()
-            loss, pg, kl_sum = rloo_loss(logp, ref_logp, mask, adv_B[sl].to(device), cfg.kl_coef, normaliser)
+            pg_weight = rl_coef * adv_B[sl].to(device)[:, None] * mask
+            if teacher_prompt_ids is not None:
+                teacher_logp, advised_mask = self.teacher_logprobs(teacher_prompt_ids[sl], completion_ids[sl],
+                                                                   prompt_ids[sl], ids.shape[1])
+                teacher_logp, advised_mask = teacher_logp.to(device), advised_mask.to(device)
+                pg_weight = pg_weight + distill_token_weights(logp, teacher_logp, advised_mask, self.distill.coef)
+                distill_total += ((logp.detach() - teacher_logp) * advised_mask).sum().item()
+                advised_tokens += int(advised_mask.sum().item())
+            loss, pg, kl_sum = weighted_rloo_loss(logp, ref_logp, pg_weight, mask, cfg.kl_coef, normaliser)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite {self.role} loss at its step {self.step_count}")
             loss.backward()
@@ -273,6 +317,9 @@ class RLOOTrainer:
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm).item()
         stats = {"pg_loss": pg_total, "kl": kl_total / max(n_tokens, 1), "grad_norm": grad_norm}
+        if teacher_prompt_ids is not None:
+            stats["distill_kl"] = distill_total / max(advised_tokens, 1)  # mean log pi - log pi_teacher per token
+            stats["advised_frac"] = sum(t is not None for t in teacher_prompt_ids) / max(n, 1)
         if sampled_logprobs is not None:
             stats["sync_logprob_gap"] = sync_gap / max(n_tokens, 1)
             if stats["sync_logprob_gap"] > cfg.sync_tolerance:
@@ -282,13 +329,42 @@ class RLOOTrainer:
         return stats
 
     @torch.no_grad()
+    def teacher_logprobs(self, teacher_prompt_ids, completion_ids, prompt_ids, width: int):
+        """The distillation teacher's log-probs of exactly the rollouts' sampled token ids, and the mask of the
+        tokens distilled, both laid out like the policy's ``pack_sequences(prompt_ids, completion_ids)``
+        (``width`` wide). Row i is scored as ``teacher_prompt_ids[i] + completion_ids[i]``: the
+        advice-conditioned prompt (BOS once, as ``soar.tokens`` encodes it), then the same completion ids, EOS
+        included, right-padded; a row without advice (None) is not distilled, nor is a final stop token
+        unless ``distill.stop_token``. ``distill.teacher``: ``frozen`` scores with the initial policy
+        (``reference_logprobs``), ``updated`` with the current one, both at the rollouts' temperature."""
+        rows = [i for i, t in enumerate(teacher_prompt_ids) if t is not None]
+        values: list[list[float]] = [[0.0] * len(c) for c in completion_ids]
+        scored: list[list[float]] = [[0.0] * len(c) for c in completion_ids]
+        if rows:
+            t_prompts, t_completions = [teacher_prompt_ids[i] for i in rows], [completion_ids[i] for i in rows]
+            ids, attn, _ = (t.to(self.model.device) for t in pack_sequences(t_prompts, t_completions,
+                                                                            self.tokenizer.pad_token_id))
+            if self.distill.teacher == "frozen":
+                logp = self.reference_logprobs(ids, attn)
+            else:
+                logp = token_logprobs(self.model, ids, attn, self.cfg.temperature)
+            stops = set(stop_token_ids(self.tokenizer, self.model))
+            for i, v in zip(rows, completion_values(logp.float().cpu(), t_prompts, t_completions)):
+                c = completion_ids[i]
+                values[i] = v
+                scored[i] = [1.0] * len(c)
+                if c and c[-1] in stops and not self.distill.stop_token:
+                    scored[i][-1] = 0.0
+        return pack_completion_values(prompt_ids, values, width), pack_completion_values(prompt_ids, scored, width)
+
+    @torch.no_grad()
     def reference_logprobs(self, ids, attn):
         if self.ref_model is not None:
             return token_logprobs(self.ref_model, ids, attn, self.cfg.temperature)
         if self.cfg.lora.r > 0:
             with self.model.disable_adapter():
                 return token_logprobs(self.model, ids, attn, self.cfg.temperature)
-        raise ValueError("kl_coef > 0 needs a reference model (full fine-tuning) or LoRA")
+        raise ValueError("kl_coef > 0 and a frozen distillation teacher need a reference model (full fine-tuning) or LoRA")
 
     # ---- evaluation ---------------------------------------------------------------------------
     def evaluate(self, problems, max_tokens: int | None = None, samples: int = 0, seed: int = 0,

@@ -450,6 +450,27 @@ def oracle_answer(question: str) -> str | None:
     return None if parsed is None else lsb(parsed[0] + parsed[1], parsed[2] + 1)
 
 
+def carry_advice(question: str, reference: str) -> str | None:
+    """The world's programmatic coach: the carry positions of ``question``, derived digit by digit from
+    its addends and the reference sum (carry out = (a_i + b_i + carry in - s_i) / 10), written as the
+    teacher role's carry plan (``carries 0110...``, least significant first); None unless the question is
+    one of the world's and the reference is its sum. A stand-in for an LLM coach."""
+    parsed = parse_question(question)
+    if parsed is None or not re.fullmatch(r"\d+", reference or "") or len(reference) != parsed[2] + 1:
+        return None
+    a, b, digits = parsed
+    bits, carry = [], 0
+    for i in range(digits):
+        out, rest = divmod((a // 10 ** i) % 10 + (b // 10 ** i) % 10 + carry - int(reference[i]), 10)
+        if rest or out not in (0, 1):
+            return None  # the reference is not this sum
+        bits.append(out)
+        carry = out
+    if int(reference[digits]) != carry:
+        return None
+    return "carries " + "".join(map(str, bits))
+
+
 @register_world
 class ArithWorld(World):
     """Carry-count addition (``ArithWorldConfig``): the hard-set candidates (``hard_carries``), the
@@ -480,6 +501,9 @@ class ArithWorld(World):
 
     def answer_oracle(self, cfg, question: str) -> str | None:
         return oracle_answer(question)
+
+    def coach_advice(self, cfg, question: str, reference: str) -> str | None:
+        return carry_advice(question, reference)
 
     def run(self, cfg, command: str) -> None:
         """``soar-world pretrain`` builds the world model (into the cache or ``world.out_dir``, even when

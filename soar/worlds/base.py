@@ -69,6 +69,12 @@ class World:
         world's. Measurement only (``teacher/answer_correct_frac``): never a reward."""
         return None
 
+    def coach_advice(self, cfg, question: str, reference: str) -> str | None:
+        """``distill.coach: world``: a programmatic coach's advice for ``question`` from it and its
+        reference answer (a stand-in for an LLM coach, ``soar.coach``); None if it has none."""
+        raise ConfigError(f"config error: distill.coach: world {self.name!r} has no programmatic coach "
+                          "(World.coach_advice); use distill.coach=llm")
+
     def run(self, cfg, command: str) -> None:
         """``soar-world <command>`` (``pretrain``, ``problems``)."""
         raise NotImplementedError

@@ -1,0 +1,157 @@
+"""The coach role of coach-guided on-policy context distillation (``distill.*``, issue 53 B): for each of
+the policy's rollouts a coach reads the question, the rollout, its grade and the reference answer and
+writes short, transferable advice; the advice-conditioned teacher prompt (``distill.advice_template``) is
+what the distillation teacher scores the rollout under (``soar.policy.trainer.RLOOTrainer``).
+
+Two coaches:
+
+- ``LLMCoach`` (``distill.coach=llm``): any HF causal LM (``distill.coach_model``, default the policy's
+  model) generating from ``distill.coach_prompt`` through the coach role's backend (``backend.coach``: hf
+  or vllm). Its completion is untrusted model text, parsed like the teacher's (``parse_advice``): the advice
+  tag opened and closed, no control characters or lone surrogates (the teacher parser's rule), not empty,
+  at most ``distill.max_advice_chars``; a rejection leaves that rollout undistilled and is counted
+  (``coach/reject/<reason>``).
+- ``WorldCoach`` (``distill.coach=world``): the configured world's programmatic oracle
+  (``World.coach_advice``). In the embedded world it derives the carry positions from the question and
+  the reference answer and writes them as advice: a stand-in for an LLM coach, not one.
+
+``Advisor`` ties a coach to the trainer and writes each step's advice to ``advice/step_N.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from soar.data import UNSAFE_CHARACTERS
+from soar.generation import make_generator
+from soar.models import load_model, load_tokenizer
+from soar.samples import SamplingParams
+from soar.seeding import derive_seed
+from soar.teachers.parse import Reject
+from soar.worlds.base import configured_world
+
+ADVICE_REJECT_REASONS = ("no_tags", "empty", "bad_characters", "too_long", "no_advice")
+"""Why a coach's text is not used (``coach/reject/<reason>``); ``no_advice``: a programmatic coach had
+none for the question (not one of its world's)."""
+
+
+@dataclass(frozen=True)
+class Advice:
+    text: str
+
+
+def check_advice(text: str, max_chars: int) -> Advice | Reject:
+    """Advice text (already out of its tags) that passes the teacher parser's character rule, is not
+    empty and has at most ``max_chars`` characters."""
+    text = text.strip()
+    if not text:
+        return Reject("empty")
+    if UNSAFE_CHARACTERS.search(text):
+        return Reject("bad_characters")
+    if len(text) > max_chars:
+        return Reject("too_long")
+    return Advice(text)
+
+
+def parse_advice(text: str, tag: str | None = "advice", max_chars: int = 400) -> Advice | Reject:
+    """A coach completion -> the advice between the first ``<tag>`` and the next ``</tag>`` (text
+    outside is ignored, as the teacher parser ignores text outside its tags; ``tag`` None: the whole
+    completion), or a typed rejection."""
+    if tag is None:
+        return check_advice(text, max_chars)
+    t = re.escape(tag)
+    m = re.search(rf"<{t}>(.*?)</{t}>", text, flags=re.S)
+    if m is None:
+        return Reject("no_tags")
+    return check_advice(m.group(1), max_chars)
+
+
+def fill_slots(template: str, **slots: str) -> str:
+    """``template`` with each ``{name}`` of ``slots`` filled in one pass (not ``str.format``: prompts hold
+    literal braces such as ``\\boxed{}``, and a filled-in text is never searched for slots again)."""
+    return re.sub(r"\{(" + "|".join(map(re.escape, slots)) + r")\}", lambda m: slots[m.group(1)], template)
+
+
+def grade_word(grade) -> str:
+    return "correct" if grade.correct else "incorrect"
+
+
+class LLMCoach:
+    """A causal LM writing advice from ``distill.coach_prompt``; one completion per rollout, sampled at
+    ``distill.coach_temperature`` with a seed derived from the run seed and the step."""
+
+    def __init__(self, cfg, model, tokenizer):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        engine_path = cfg.distill.coach_model.path or cfg.model.path
+        self.generator = make_generator(cfg, "coach", model, tokenizer, pristine=True, engine_path=engine_path)
+
+    def advise(self, questions: list[str], responses: list[str], grades, references: list[str], step: int
+               ) -> list[tuple[str, Advice | Reject]]:
+        d = self.cfg.distill
+        prompts = [fill_slots(d.coach_prompt, question=q, response=r, grade=grade_word(g), reference=a)
+                   for q, r, g, a in zip(questions, responses, grades, references)]
+        params = SamplingParams(n=1, greedy=d.coach_temperature == 0, temperature=d.coach_temperature or 1.0,
+                                max_tokens=d.coach_max_tokens, seed=derive_seed(self.cfg.seed, "coach", step))
+        outs = self.generator.generate(prompts, params)
+        return [(o[0].text, parse_advice(o[0].text, d.advice_tag, d.max_advice_chars)) for o in outs]
+
+
+class WorldCoach:
+    """The configured world's programmatic coach (``World.coach_advice``): a stand-in for an LLM coach."""
+
+    def __init__(self, cfg):
+        self.cfg, self.world = cfg, configured_world(cfg)
+
+    def advise(self, questions, responses, grades, references, step) -> list[tuple[str, Advice | Reject]]:
+        out = []
+        for q, a in zip(questions, references):
+            text = self.world.coach_advice(self.cfg, q, a)
+            out.append(("" if text is None else text,
+                        Reject("no_advice") if text is None else check_advice(text, self.cfg.distill.max_advice_chars)))
+        return out
+
+
+def make_coach(cfg):
+    """The coach ``distill.coach`` names (an LLM coach's model: ``distill.coach_model``, else ``model``)."""
+    if cfg.distill.coach == "world":
+        return WorldCoach(cfg)
+    model_cfg = cfg.distill.coach_model if cfg.distill.coach_model.path else cfg.model
+    model = load_model(model_cfg)
+    model.eval().requires_grad_(False)
+    return LLMCoach(cfg, model, load_tokenizer(model_cfg))
+
+
+class Advisor:
+    """The trainer's ``advisor``: per rollout, the coach's advice and the teacher prompt it conditions
+    (``distill.advice_template``), its metrics (``coach/*``), and the step's advice dump."""
+
+    def __init__(self, cfg, coach, out_dir: Path | None):
+        self.cfg, self.coach, self.out_dir = cfg, coach, out_dir
+
+    def __call__(self, problems, prompts, samples_QG, grades, step: int) -> tuple[list[str | None], dict]:
+        d = self.cfg.distill
+        rollouts = [(q, s) for q, grp in enumerate(samples_QG) for s in grp]
+        advice = self.coach.advise([problems[q].question for q, _ in rollouts], [s.text for _, s in rollouts],
+                                   grades, [problems[q].answer for q, _ in rollouts], step)
+        teacher_texts = [fill_slots(d.advice_template, advice=a.text, prompt=prompts[q]) if isinstance(a, Advice) else None
+                         for (q, _), (_, a) in zip(rollouts, advice)]
+        rejected = [a.reason for _, a in advice if isinstance(a, Reject)]
+        metrics = {"coach/valid_frac": 1 - len(rejected) / max(len(advice), 1),
+                   **{f"coach/reject/{r}": rejected.count(r) for r in ADVICE_REJECT_REASONS if r in rejected}}
+        if self.out_dir is not None and d.dump_every and (step + 1) % d.dump_every == 0:
+            self.dump(step + 1, problems, rollouts, grades, advice)
+        return teacher_texts, metrics
+
+    def dump(self, step: int, problems, rollouts, grades, advice) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        rows = [{"question": problems[q].question, "gold": problems[q].answer, "completion": s.text,
+                 "correct": bool(g.correct), "coach_text": raw,
+                 **({"advice": a.text} if isinstance(a, Advice) else {"rejected": a.reason})}
+                for (q, s), g, (raw, a) in zip(rollouts, grades, advice)]
+        path = self.out_dir / f"step_{step:06d}.jsonl"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(path)  # a resumed step rewrites its dump whole
