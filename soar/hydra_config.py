@@ -52,6 +52,18 @@ def register_configs() -> None:
     _registered = True
 
 
+def data_group(name: str):
+    """The data config ``conf/data/<name>.yaml`` on the schema's defaults (no Hydra run needed, so a
+    running command can read several)."""
+    from soar.config import DataConfig
+
+    register_configs()  # its resolvers (${soar_data_dir:})
+    path = conf_dir() / "data" / f"{name}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no data config {name!r}")
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path))
+
+
 def compose(overrides: list[str] | None = None, config_name: str = "config"):
     """Compose a config without running a CLI, e.g. ``soar.compose(["experiment=arith_micro"])``."""
     register_configs()

@@ -6,6 +6,11 @@ own, with resume and metrics.
 
 Per step: pick ``questions_per_step`` questions (shuffled per epoch from the seed, without
 replacement, wrapping: ``soar.students.trainer.batch_indices``) and take one ``RLOOTrainer`` step on them.
+
+On ``soar-filter``'s bands (docs/band_rl.md): ``rl.bands=<filter run dir> rl.band=[mixed]`` trains on
+those band files and evaluates on the held-out file; ``rl.eval_samples=n`` scores each held-out problem
+by n samples at ``rl.eval_temperature`` instead of greedily (``eval/accuracy``, and per source
+``eval/accuracy/<source>`` when the held-out problems come from several).
 """
 
 from __future__ import annotations
@@ -17,15 +22,28 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from soar.data import load_problems, render_prompt
+from soar.data import DataError, load_problems, render_prompt
+from soar.filters.failk import load_band
 from soar.grading import make_grader
 from soar.models import load_model, load_trainer_state
 from soar.policy.trainer import RLOOTrainer
 from soar.run import MetricsLogger
+from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.students.trainer import batch_indices
 
 log = logging.getLogger("soar.rl")
+
+
+def rl_problems(cfg) -> tuple[list, list]:
+    """The training and evaluation problems: ``rl.bands``' band files ``rl.band`` and held-out file, else
+    ``data.path`` and ``data.eval_path``."""
+    if cfg.rl.bands is None:
+        return (load_problems(cfg.data), load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else [])
+    problems = [p for name in cfg.rl.band for p in load_band(cfg.rl.bands, name, cfg.data)]
+    if not problems:
+        raise DataError(f"{cfg.rl.bands}: bands {list(cfg.rl.band)} hold no problems (rl.band)")
+    return problems, load_band(cfg.rl.bands, "heldout", cfg.data)
 
 
 def run_rl(cfg) -> dict:
@@ -33,9 +51,8 @@ def run_rl(cfg) -> dict:
     stage = setup_stage(cfg, "rl")
     run, tokenizer, model = stage.run, stage.tokenizer, stage.model
     try:
-        problems = load_problems(cfg.data)
-        eval_problems = load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else []
-        s = cfg.student
+        problems, eval_problems = rl_problems(cfg)
+        s, rl = cfg.student, cfg.rl
         prompts = [render_prompt(cfg.data.prompt_template, p.question) for p in problems + eval_problems]
         stage.check_prompts(prompts, max(s.max_tokens, s.eval_max_tokens or 0), "student.max_tokens")
         ref = load_model(cfg.model) if s.lora.r == 0 and s.kl_coef > 0 else None
@@ -48,11 +65,19 @@ def run_rl(cfg) -> dict:
             log.info("resumed from %s (step %d)", run.resume_from, start)
         metrics_log = MetricsLogger(run, resume_step=start if run.resume_from is not None else None)
 
-        def eval_metrics() -> dict:
-            return {"eval/accuracy": float(np.mean(trainer.evaluate(eval_problems, s.eval_max_tokens)))}
+        def eval_metrics(step: int) -> dict:
+            acc = trainer.evaluate(eval_problems, s.eval_max_tokens, rl.eval_samples, derive_seed(cfg.seed, "rl_eval", step),
+                                   temperature=rl.eval_temperature)
+            out = {"eval/accuracy": float(np.mean(acc))}
+            by_source: dict[str, list[float]] = {}
+            for a, p in zip(acc, eval_problems):
+                by_source.setdefault(p.source, []).append(a)
+            if len(by_source) > 1:  # the recipe holds out problems per source
+                out.update({f"eval/accuracy/{src}": float(np.mean(v)) for src, v in sorted(by_source.items())})
+            return out
 
         if eval_problems and start == 0:
-            metrics_log.log(0, eval_metrics())
+            metrics_log.log(0, eval_metrics(0))
         bar = tqdm(range(start, s.max_steps), desc="soar-rl", initial=start, total=s.max_steps,
                    disable=not cfg.run.progress, unit="step")
         last = {}
@@ -63,10 +88,8 @@ def run_rl(cfg) -> dict:
             last = dict(result.metrics)
             last.update(trainer.grader.stats.as_metrics())
             done = step + 1
-            if eval_problems and s.eval_every and done % s.eval_every == 0 and done < s.max_steps:
-                last.update(eval_metrics())
-            if eval_problems and done == s.max_steps:
-                last.update(eval_metrics())
+            if eval_problems and (done == s.max_steps or s.eval_every and done % s.eval_every == 0):
+                last.update(eval_metrics(done))
             metrics_log.log(done, last)
             bar.set_postfix(reward=f"{last['student/reward_mean']:.1f}", acc=f"{last['student/accuracy']:.2f}")
             if done % s.save_every == 0 or done == s.max_steps:
