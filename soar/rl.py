@@ -97,7 +97,8 @@ def run_rl(cfg) -> dict:
                     torch.save(trainer.state_dict(), ckpt / "state.pt")
         final = run.path / "final"
         trainer.save_pretrained(final)
-        summary = {"steps": s.max_steps, "final_dir": str(final), "last": last}
+        summary = {"steps": s.max_steps, "final_dir": str(final), "train_problems": len(problems),
+                   "eval_problems": len(eval_problems), "last": last}
         (run.path / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         metrics_log.close()
         return summary

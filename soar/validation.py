@@ -1,8 +1,8 @@
 """Checking a composed config against the stage that reads it, before any heavy work: sizes, paths,
 names (each read from its registry: ``soar.grading.GRADERS`` and ``STUDENT_REWARDS``,
 ``soar.rewards.TEACHER_REWARDS``, ``soar.policy.scores.REWARD_METRICS``) and whether the student pool
-fits this machine's cores, memory (``/proc/meminfo``, through ``soar.memory_plan.available_ram_gb``) and GPUs. A problem is a
-``ConfigError`` naming the field.
+fits this machine's cores, memory (``/proc/meminfo``, through ``soar.memory_plan.available_ram_gb``)
+and GPUs. A problem is a ``ConfigError`` naming the field.
 
     soar.validate(soar.compose(["experiment=arith_micro"]), "train")
 

@@ -248,8 +248,8 @@ def heldout_ids(problems, per_source: int, seed: int) -> list[str]:
 
 
 def write_bands(problems, rows: dict[str, dict], records, cfg, out: Path, split_seed: int) -> dict:
-    """Every band's problems with their pass counts as ``<band>.jsonl`` (in band order, the held-out ones
-    left out), the held-out ones as ``heldout.jsonl``, all of them as splits of ``dataset/``; each row
+    """Every band's problems with their pass counts as ``<band>.jsonl`` (in pool order, the held-out ones
+    left out), the held-out ones as ``heldout.jsonl``, the non-empty ones as splits of ``dataset/``; each row
     carries ``prob_group_mixed`` at G = ``student.group_size`` (the group ``soar-rl`` trains with).
     Returns the summary's ``band_files``."""
     k, group = cfg.filter.k, cfg.student.group_size
@@ -264,12 +264,13 @@ def write_bands(problems, rows: dict[str, dict], records, cfg, out: Path, split_
     out.mkdir(parents=True, exist_ok=True)
     for name, recs in splits.items():
         write_jsonl(out / f"{name}.jsonl", recs)
-    save_splits(splits, BAND_FEATURES, out / "dataset")
+    # an empty split is left out: datasets 5.2 saves it but cannot load it back (IndexError in load_from_disk)
+    save_splits({name: recs for name, recs in splits.items() if recs}, BAND_FEATURES, out / "dataset")
     heldout_by_source: dict[str, int] = {}
     for r in splits["heldout"]:
         heldout_by_source[r["source"]] = heldout_by_source.get(r["source"], 0) + 1
     return {"dir": str(out), "group_size": group, "heldout_per_source": cfg.filter.heldout_per_source,
-            "heldout": heldout_by_source,
+            "heldout_by_source": heldout_by_source,
             **{name: {"problems": len(recs),
                       # mean P(mixed group at G); times the problems: the expected mixed groups if each is drawn once
                       "prob_group_mixed_mean": float(np.mean([r["prob_group_mixed"] for r in recs])) if recs else None}
