@@ -142,7 +142,7 @@ class DataConfig:
     """Optional held-out questions (same format as ``path``) evaluated by ``soar-rl`` (greedy, or
     ``rl.eval_samples`` samples each)."""
     build: Optional[str] = None
-    """What writes the question pool when ``path`` is null (``soar-train`` calls it inside the run
+    """What writes the question pool when ``path`` is null (``soar-train`` and ``soar-filter`` call it inside the run
     dir): ``world``, the configured world's ``build_pool``, or a ``module:function(cfg, out_dir) -> path``."""
 
 

@@ -9,8 +9,8 @@ replacement, wrapping: ``soar.students.trainer.batch_indices``) and take one ``R
 
 On ``soar-filter``'s bands (docs/band_rl.md): ``rl.bands=<filter run dir> rl.band=[mixed]`` trains on
 those band files and evaluates on the held-out file; ``rl.eval_samples=n`` scores each held-out problem
-by n samples at ``rl.eval_temperature`` instead of greedily (``eval/accuracy``, and per source
-``eval/accuracy/<source>`` when the held-out problems come from several).
+by n samples at ``rl.eval_temperature`` instead of greedily (``eval/accuracy``; per source,
+``eval/accuracy/source/<source>``, and per band, ``eval/accuracy/band/<band>``, when there are several).
 """
 
 from __future__ import annotations
@@ -69,11 +69,13 @@ def run_rl(cfg) -> dict:
             acc = trainer.evaluate(eval_problems, s.eval_max_tokens, rl.eval_samples, derive_seed(cfg.seed, "rl_eval", step),
                                    temperature=rl.eval_temperature)
             out = {"eval/accuracy": float(np.mean(acc))}
-            by_source: dict[str, list[float]] = {}
-            for a, p in zip(acc, eval_problems):
-                by_source.setdefault(p.source, []).append(a)
-            if len(by_source) > 1:  # the recipe holds out problems per source
-                out.update({f"eval/accuracy/{src}": float(np.mean(v)) for src, v in sorted(by_source.items())})
+            # the recipe holds out problems per source; band files give each held-out problem its band
+            for name, key in (("source", lambda p: p.source), ("band", lambda p: p.meta.get("band"))):
+                groups: dict[str, list[float]] = {}
+                for a, p in zip(acc, eval_problems):
+                    groups.setdefault(key(p), []).append(a)
+                if len(groups) > 1 and None not in groups:
+                    out.update({f"eval/accuracy/{name}/{g}": float(np.mean(v)) for g, v in sorted(groups.items())})
             return out
 
         if eval_problems and start == 0:

@@ -78,9 +78,9 @@ def _validate_inputs(cfg, stage: str) -> None:
         fail("model.path", "is required (a hub id or a local HF folder), or model.build")
     if cfg.model.path and _looks_local(cfg.model.path) and not Path(cfg.model.path).exists():
         fail("model.path", f"local path {cfg.model.path} does not exist")
-    # soar-train may write its own pool, soar-filter pool data configs (filter.pool), soar-rl read band files
+    # soar-train and soar-filter may write their pool (data.build, filter.pool); soar-rl may read band files
     builds_data = ((stage == "train" and (cfg.data.build or cfg.loop.hard_set)) or (stage == "rl" and cfg.rl.bands)
-                   or (stage == "filter" and cfg.filter.pool))
+                   or (stage == "filter" and (cfg.filter.pool or cfg.data.build)))
     if cfg.data.path in (None, "", "???") and not builds_data:
         fail("data.path", "is required (JSONL/parquet file, save_to_disk folder or hub id)")
     if cfg.data.path and _looks_local(cfg.data.path) and not Path(cfg.data.path).exists():

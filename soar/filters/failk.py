@@ -31,6 +31,7 @@ from soar.hydra_config import data_group
 from soar.models import check_context, model_context, model_fingerprint
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
+from soar.worlds.base import build_pool_hook
 
 log = logging.getLogger("soar.filters")
 PROVENANCE_FIELDS = ("model", "template_sha", "sampling", "seed", "k", "grader")
@@ -296,9 +297,10 @@ def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress:
 
 
 def filter_problems(cfg, run_path: Path) -> list[Problem]:
-    """``data.path``'s problems, or the pool of ``filter.pool``'s data configs written to ``<run>/pool.jsonl``."""
+    """The pool of ``filter.pool``'s data configs (written to ``<run>/pool.jsonl``), else ``data.path``'s
+    problems, else those ``data.build`` writes to ``<run>/problems`` (as ``soar-train`` does)."""
     if not cfg.filter.pool:
-        return load_problems(cfg.data)
+        return load_problems(cfg.data, cfg.data.path or str(build_pool_hook(cfg, run_path / "problems")))
     path = write_pool(run_path / "pool.jsonl", [load_problems(data_group(name)) for name in cfg.filter.pool])
     return load_problems(OmegaConf.merge(cfg.data, {"source_key": "source"}), str(path))
 
