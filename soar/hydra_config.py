@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from soar.config import SoarConfig
+from soar.config import DataConfig, SoarConfig
 from soar.data import shared_data_dir
 from soar.rewards import student_tasks_per_step
 from soar.worlds.base import WORLDS
@@ -55,8 +55,6 @@ def register_configs() -> None:
 def data_group(name: str):
     """The data config ``conf/data/<name>.yaml`` on the schema's defaults (no Hydra run needed, so a
     running command can read several)."""
-    from soar.config import DataConfig
-
     register_configs()  # its resolvers (${soar_data_dir:})
     path = conf_dir() / "data" / f"{name}.yaml"
     if not path.is_file():

@@ -4,11 +4,15 @@ on every problem vs RL on the hard set (all_zero), gain in sampled accuracy on t
 seed as the unit (mean ± SE, ddof 1; paired t across arms: every arm of a seed starts from the same model
 and is evaluated with the same sampling seeds, so its step-0 accuracy is the same).
 
-    python dev/scripts/band_rl.py --out runs/band_cmp --seeds 0 1 2           # ~1 hour on 2 shared cores
-    python dev/scripts/band_rl.py --out runs/band_cmp --seeds 0 -- student.max_steps=5   # extra overrides
+    python dev/scripts/band_rl.py --out runs/band_cmp --seeds 0 1 2        # the preset: ~20 minutes on 2 idle cores
+    python dev/scripts/band_rl.py --out runs/band_small --seeds 0 1 2 -- filter.k=32 world.pool_size=60 \
+        filter.heldout_per_source=20 student.max_steps=10 student.questions_per_step=4 rl.eval_samples=4
+        # the scaled-down run of dev/results/band_rl_world.json (2 cores shared with 6 other jobs)
+
+Extra overrides (after --) go to both commands (each ignores what it does not read).
 
 Steps (each skipped when its output exists, so a rerun resumes):
-  1. ``soar-filter experiment=band_rl_arith`` -> ``<out>/bands`` (fail@128 bands, 60 held out);
+  1. ``soar-filter experiment=band_rl_arith`` -> ``<out>/bands`` (fail@128 bands, 30 held out);
   2. ``soar-rl experiment=band_rl_arith rl.band=<arm>`` per seed and arm -> ``<out>/rl_<arm>_s<seed>``;
   3. ``<out>/band_rl.json`` (copy it to dev/results/): the bands, raw per-seed eval curves and gains, the
      summary and the paired tests.
@@ -47,13 +51,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for soar-rl (after --)")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for soar-filter and soar-rl (after --)")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     bands = out / "bands"
     if not (bands / "summary.json").exists():
-        run(["soar-filter", "experiment=band_rl_arith", f"run.dir={bands}", "run.progress=false"], out / "filter.log")
+        run(["soar-filter", "experiment=band_rl_arith", f"run.dir={bands}", "run.progress=false", *args.overrides],
+            out / "filter.log")
     filt = json.loads((bands / "summary.json").read_text())
 
     runs: dict[str, dict[int, dict]] = {arm: {} for arm in args.arms}
