@@ -133,3 +133,15 @@ def test_rl_band_needs_a_filter_run(tiny_model_dir, tmp_path):
     assert res.returncode != 0 and "no band file 'mixed'" in res.stderr + res.stdout
     res = run_cli(band_args(tiny_model_dir, tmp_path / "empty", tmp_path / "r2", 1, ["rl.band=[easy]"]), check=False)
     assert res.returncode == 2 and "rl.band" in res.stderr
+
+
+def test_rl_config_errors_name_the_field(tiny_model_dir, tmp_path):
+    import soar
+    from soar.config import ConfigError
+
+    base = [f"model.path={tiny_model_dir}", "data=arith", f"rl.bands={tmp_path}"]
+    soar.validate(soar.compose(base), "rl")  # rl.bands stands in for data.path
+    for override, field in (("student.reward=bogus", "student.reward"), ("rl.band=[]", "rl.band"),
+                            ("rl.eval_samples=-1", "rl.eval_samples"), (f"rl.bands={tmp_path / 'none'}", "rl.bands")):
+        with pytest.raises(ConfigError, match=field):
+            soar.validate(soar.compose([*base, override]), "rl")
