@@ -15,7 +15,7 @@ Steps (each skipped when its output exists, so a rerun resumes):
   1. ``soar-filter experiment=band_rl_arith`` -> ``<out>/bands`` (fail@128 bands, 30 held out);
   2. ``soar-rl experiment=band_rl_arith rl.band=<arm>`` per seed and arm -> ``<out>/rl_<arm>_s<seed>``;
   3. ``<out>/band_rl.json`` (copy it to dev/results/): the bands, raw per-seed eval curves and gains, the
-     summary and the paired tests.
+     summary over the seeds whose arms all finished, and the paired tests (``--collect``: only this).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--collect", action="store_true", help="run nothing: summarise the finished runs")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for soar-filter and soar-rl (after --)")
     args = ap.parse_args()
     out = args.out.resolve()
@@ -65,6 +66,8 @@ def main() -> None:
     for seed in args.seeds:
         for arm in args.arms:
             rdir = out / f"rl_{arm}_s{seed}"
+            if args.collect and not (rdir / "summary.json").exists():
+                continue
             if not (rdir / "summary.json").exists():
                 run(["soar-rl", "experiment=band_rl_arith", f"seed={seed}", f"rl.bands={bands}", f"rl.band={ARMS[arm]}",
                      f"run.dir={rdir}", "run.progress=false", *args.overrides], out / f"rl_{arm}_s{seed}.log")
@@ -74,13 +77,14 @@ def main() -> None:
                                "gain": evals["eval/accuracy"][-1] - evals["eval/accuracy"][0],
                                "train_problems": json.loads((rdir / "summary.json").read_text())["train_problems"]}
 
-    seeds = [s for s in args.seeds if all(s in runs[a] for a in args.arms)]
+    seeds = [s for s in args.seeds if all(s in runs[a] for a in args.arms)]  # seeds with every arm finished
     gains = {arm: mean_se([runs[arm][s]["gain"] for s in seeds]) for arm in args.arms}
     by_band = {arm: {k.rsplit("/", 1)[1]: mean_se([runs[arm][s][k][-1] - runs[arm][s][k][0] for s in seeds])
                      for k in runs[arm][seeds[0]] if k.startswith("eval/accuracy/band/")} for arm in args.arms}
     paired = {f"mixed - {arm}": paired_t([runs["mixed"][s]["gain"] - runs[arm][s]["gain"] for s in seeds])
               for arm in args.arms if arm != "mixed" and "mixed" in args.arms}
-    result = {"seeds": seeds, "arms": {a: ARMS[a] for a in args.arms}, "overrides": args.overrides,
+    result = {"seeds": seeds, "complete": len(seeds) >= 3,  # the seed is the unit: fewer than 3 is no result
+              "arms": {a: ARMS[a] for a in args.arms}, "overrides": args.overrides,
               "bands": {k: filt[k] for k in ("problems", "bands", "band_files")},
               "gain_heldout": gains, "gain_heldout_by_band": by_band, "paired_t": paired, "runs": runs}
     (out / "band_rl.json").write_text(json.dumps(result, indent=2))
