@@ -80,7 +80,8 @@ def main() -> None:
     seeds = [s for s in args.seeds if all(s in runs[a] for a in args.arms)]  # seeds with every arm finished
     gains = {arm: mean_se([runs[arm][s]["gain"] for s in seeds]) for arm in args.arms}
     by_band = {arm: {k.rsplit("/", 1)[1]: mean_se([runs[arm][s][k][-1] - runs[arm][s][k][0] for s in seeds])
-                     for k in runs[arm][seeds[0]] if k.startswith("eval/accuracy/band/")} for arm in args.arms}
+                     for k in (runs[arm][seeds[0]] if seeds else ()) if k.startswith("eval/accuracy/band/")}
+               for arm in args.arms}
     paired = {f"mixed - {arm}": paired_t([runs["mixed"][s]["gain"] - runs[arm][s]["gain"] for s in seeds])
               for arm in args.arms if arm != "mixed" and "mixed" in args.arms}
     result = {"seeds": seeds, "complete": len(seeds) >= 3,  # the seed is the unit: fewer than 3 is no result
