@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from soar.data import shared_data_dir
 from soar.filters.failk import band, prob_group_mixed, split_hard
 
 from conftest import arith_data, run_cli, script, write_jsonl
@@ -164,3 +165,20 @@ def test_heldout_draw_is_per_source_and_order_free():
     assert [sum(i.startswith(s) for i in held) for s in "abc"] == [3, 3, 1]  # a smaller source: all of it
     assert sorted(heldout_ids(list(reversed(probs)), 3, seed=0)) == sorted(held)
     assert heldout_ids(probs, 3, seed=1) != held
+
+
+@pytest.mark.skipif(not (shared_data_dir() / "NOTICE.md").exists(), reason="benchmark files not found (SOAR_DATA_DIR)")
+def test_pool_of_data_configs_keeps_each_source(tmp_path):
+    """filter.pool: several benchmarks' data configs as one pool with a source column, ids prefixed by source,
+    read back with data.source_key; the held-out draw takes 25 per source."""
+    import soar
+    from soar.filters.failk import filter_problems, heldout_ids
+
+    cfg = soar.compose(["experiment=band_rl", "filter.pool=[aime24,amc23]"])
+    problems = filter_problems(cfg, tmp_path)
+    assert [sum(p.source == s for p in problems) for s in ("aime24", "amc23")] == [30, 40]
+    assert len({p.id for p in problems}) == 70 and problems[0].id == "aime24/60" and problems[0].answer == "204"
+    rows = [json.loads(line) for line in (tmp_path / "pool.jsonl").read_text().splitlines()]
+    assert rows[-1]["source"] == "amc23" and rows[-1]["id"].startswith("amc23/")
+    held = heldout_ids(problems, 25, cfg.seed)
+    assert [sum(i.startswith(s) for i in held) for s in ("aime24", "amc23")] == [25, 25]
