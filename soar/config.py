@@ -450,7 +450,7 @@ class FilterConfig:
     """Data configs (``conf/data/<name>.yaml``) pooled into the filtered questions in place of
     ``data.path``, each problem's source its config's name, written to ``<run>/pool.jsonl``
     (``soar.data.write_pool``; ids ``<source>/<id>``), e.g. ``[aime24, amc23, olympiadbench]`` (the
-    band-RL recipe). [] : ``data.path``."""
+    band-RL recipe). []: ``data.path``."""
     heldout_per_source: int = 0
     """Problems per source (``Problem.source``: ``data.name``, or ``data.source_key``'s column) held out
     of the band files (``bands/heldout.jsonl``) before any training: seeded, drawn from every band (the
