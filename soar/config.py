@@ -123,6 +123,9 @@ class DataConfig:
     ``strip_dollars`` removes unescaped ``$`` (HARP's ``$10\\frac{2}{3}$``, OlympiadBench's
     ``$69$,$84$``). Every source also gets: integral floats lose ``.0`` (AMC's ``27.0`` -> ``27``),
     a one-element list is its element (OlympiadBench's ``final_answer``), surrounding blanks go."""
+    source_key: Optional[str] = None
+    """Column holding each problem's source (``Problem.source``), for a pool of several benchmarks in one
+    file (e.g. ``source``, as ``soar.data.write_pool`` writes); None: every problem's source is ``name``."""
     meta_columns: Optional[dict[str, str]] = None
     """``Problem.meta`` as ``{meta name: column}``, so names agree across benchmarks (e.g.
     OlympiadBench ``{subject: subfield}``); None keeps every column but question and answer."""
@@ -136,9 +139,10 @@ class DataConfig:
     grader: str = "math_verify"
     """Grader name (``soar.grading.GRADERS``: ``math_verify`` | ``integer``) or dotted path ``pkg.module:Class``."""
     eval_path: Optional[str] = None
-    """Optional held-out questions (same format as ``path``) evaluated greedily by ``soar-rl``."""
+    """Optional held-out questions (same format as ``path``) evaluated by ``soar-rl`` (greedy, or
+    ``rl.eval_samples`` samples each)."""
     build: Optional[str] = None
-    """What writes the question pool when ``path`` is null (``soar-train`` calls it inside the run
+    """What writes the question pool when ``path`` is null (``soar-train`` and ``soar-filter`` call it inside the run
     dir): ``world``, the configured world's ``build_pool``, or a ``module:function(cfg, out_dir) -> path``."""
 
 
@@ -292,8 +296,13 @@ class StudentConfig(PolicyConfig):
     """Questions per RLOO step (paper: batch size 8)."""
     group_size: int = 32
     """Samples per question; RLOO's leave-one-out baseline is taken within a group (paper: 32)."""
+    reward: str = "shaped"
+    """Each rollout's reward (``soar.grading.STUDENT_REWARDS``): ``shaped``, the grader's (the paper's
+    120/20/10/0); ``format_penalty``, 1 correct / 0 wrong / -0.2 for a missing or malformed box (the
+    band-RL recipe, docs/band_rl.md)."""
     eval_every: int = 0
-    """Greedy evaluation on ``data.eval_path`` every N steps (0: only at start and end)."""
+    """``soar-rl``'s evaluation on ``data.eval_path`` (or ``rl.bands``' held-out file) every N steps (0:
+    only at start and end); greedy unless ``rl.eval_samples``."""
     eval_max_tokens: Optional[int] = None
     """Token budget for greedy evaluation (None: ``max_tokens``)."""
     save_every: int = 5
@@ -440,6 +449,37 @@ class FilterConfig:
     """Fraction of the 0/k problems that go to the hard test split (paper: 50/50)."""
     mixed_group_sizes: list[int] = field(default_factory=lambda: [8, 32])
     """Group sizes G for which the summary reports P(a group of G samples is mixed)."""
+    pool: list[str] = field(default_factory=list)
+    """Data configs (``conf/data/<name>.yaml``) pooled into the filtered questions in place of
+    ``data.path``, each problem's source its config's name, written to ``<run>/pool.jsonl``
+    (``soar.data.write_pool``; ids ``<source>/<id>``), e.g. ``[aime24, amc23, olympiadbench]`` (the
+    band-RL recipe). []: ``data.path``."""
+    heldout_per_source: int = 0
+    """Problems per source (``Problem.source``: ``data.name``, or ``data.source_key``'s column) held out
+    of the band files (``bands/heldout.jsonl``) before any training: seeded, drawn from every band (the
+    band-RL recipe: 25). The hard set ignores it (hard train/test are all of the 0/k problems, as without it)."""
+
+
+BANDS = ("all_zero", "mixed", "all_one")
+"""fail@k's bands: solved 0/k, 1..k-1 of k, k/k (``soar.filters.failk.band``)."""
+
+
+@dataclass
+class RLConfig:
+    """``soar-rl`` on the bands ``soar-filter`` writes (RL on the sometimes-solvable band, docs/band_rl.md)."""
+
+    bands: Optional[str] = None
+    """A ``soar-filter`` run dir: train on its band files ``rl.band`` (``bands/<band>.jsonl``) and
+    evaluate on its held-out problems (``bands/heldout.jsonl``), in place of ``data.path`` and
+    ``data.eval_path``. None: ``data.path`` (e.g. one band file) and ``data.eval_path``."""
+    band: list[str] = field(default_factory=lambda: ["mixed"])
+    """The bands trained on with ``rl.bands``: any of all_zero, mixed, all_one (all three: every problem
+    but the held-out; all_zero alone: the hard set without the held-out)."""
+    eval_samples: int = 0
+    """Evaluation: 0 greedy; n: each held-out problem's correctness is the mean of n samples at
+    ``rl.eval_temperature`` (the recipe: one sample per problem at T = 1)."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the evaluation when ``rl.eval_samples`` > 0."""
 
 
 COACH_PROMPT = (
@@ -706,6 +746,7 @@ class SoarConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     student: StudentConfig = field(default_factory=StudentConfig)
     filter: FilterConfig = field(default_factory=FilterConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     inner: InnerConfig = field(default_factory=InnerConfig)
     promotion: PromotionConfig = field(default_factory=PromotionConfig)

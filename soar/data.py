@@ -295,7 +295,12 @@ def _row_problem(data_cfg, row: dict, pid: str) -> Problem:
         if bad:
             raise _BadValue(f"field {key!r} holds a control or bidirectional-override character ({bad}; id {pid!r})")
         values.append(value)
-    return Problem(pid, values[0], values[1], data_cfg.name, _jsonable(_meta(data_cfg, row)))
+    source = data_cfg.name
+    if data_cfg.source_key:
+        source = _clean(row.get(data_cfg.source_key))
+        if source is None:
+            raise _BadValue(f"field {data_cfg.source_key!r} (data.source_key) is missing or empty (id {pid!r})")
+    return Problem(pid, values[0], values[1], source, _jsonable(_meta(data_cfg, row)))
 
 
 def _meta(data_cfg, row: dict) -> dict[str, Any]:
@@ -320,6 +325,15 @@ def load_problem_records(data_cfg, path: str | Path) -> list[Problem]:
         inner = json.loads(inner) if isinstance(inner, str) and inner else inner or {}
         out.append(Problem(p.id, p.question, p.answer, meta.pop("source", None) or p.source, {**inner, **meta}))
     return out
+
+
+def write_pool(path: str | Path, sources: list[list[Problem]]) -> Path:
+    """Several sources' problems (each list from ``load_problems`` of one data config, e.g. aime24,
+    amc23, olympiadbench) as one pool file in soar's record schema, ids prefixed with their source so
+    they never collide; read it with ``data.path=<path> data.source_key=source``."""
+    rows = [{**p.to_dict(), "id": f"{p.source}/{p.id}"} for problems in sources for p in problems]
+    write_jsonl(path, rows)
+    return Path(path)
 
 
 def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from soar.config import SoarConfig
+from soar.config import DataConfig, SoarConfig
 from soar.data import shared_data_dir
 from soar.rewards import student_tasks_per_step
 from soar.worlds.base import WORLDS
@@ -50,6 +50,16 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("student_tasks"):  # resources.num_workers: one worker per student
         OmegaConf.register_new_resolver("student_tasks", lambda *, _root_: student_tasks_per_step(_root_))
     _registered = True
+
+
+def data_group(name: str):
+    """The data config ``conf/data/<name>.yaml`` on the schema's defaults (no Hydra run needed, so a
+    running command can read several)."""
+    register_configs()  # its resolvers (${soar_data_dir:})
+    path = conf_dir() / "data" / f"{name}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no data config {name!r}")
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path))
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "config"):

@@ -12,6 +12,11 @@ With ``distill.coach`` set it is coach-guided on-policy context distillation (``
 teacher, and the step's loss adds the per-token reverse KL to it (``experiment=distill_arith``)::
 
     soar-rl experiment=distill_arith data.path=HARD/hard_train.jsonl data.eval_path=HARD/hard_test.jsonl
+
+On ``soar-filter``'s bands (docs/band_rl.md): ``rl.bands=<filter run dir> rl.band=[mixed]`` trains on
+those band files and evaluates on the held-out file; ``rl.eval_samples=n`` scores each held-out problem
+by n samples at ``rl.eval_temperature`` instead of greedily (``eval/accuracy``; per source,
+``eval/accuracy/source/<source>``, and per band, ``eval/accuracy/band/<band>``, when there are several).
 """
 
 from __future__ import annotations
@@ -24,24 +29,36 @@ import torch
 from tqdm.auto import tqdm
 
 from soar.coach import Advisor, make_coach
-from soar.data import load_problems, render_prompt
+from soar.data import DataError, load_problems, render_prompt
+from soar.filters.failk import load_band
 from soar.grading import make_grader
 from soar.models import load_model, load_trainer_state
 from soar.policy.trainer import RLOOTrainer
 from soar.run import MetricsLogger
+from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.students.trainer import batch_indices
 
 log = logging.getLogger("soar.rl")
 
 
+def rl_problems(cfg) -> tuple[list, list]:
+    """The training and evaluation problems: ``rl.bands``' band files ``rl.band`` and held-out file, else
+    ``data.path`` and ``data.eval_path``."""
+    if cfg.rl.bands is None:
+        return (load_problems(cfg.data), load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else [])
+    problems = [p for name in cfg.rl.band for p in load_band(cfg.rl.bands, name, cfg.data)]
+    if not problems:
+        raise DataError(f"{cfg.rl.bands}: bands {list(cfg.rl.band)} hold no problems (rl.band)")
+    return problems, load_band(cfg.rl.bands, "heldout", cfg.data)
+
+
 def run_rl(cfg) -> dict:
     """The ``soar-rl`` stage: train one student on a question file, with resume and metrics."""
-    s = cfg.student
+    s, rl = cfg.student, cfg.rl
 
     def read_questions(stage):  # before the run dir is written
-        problems = load_problems(cfg.data)
-        eval_problems = load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else []
+        problems, eval_problems = rl_problems(cfg)
         prompts = [render_prompt(cfg.data.prompt_template, p.question) for p in problems + eval_problems]
         stage.check_prompts(prompts, max(s.max_tokens, s.eval_max_tokens or 0), "student.max_tokens",
                             [p.id for p in problems + eval_problems])
@@ -65,11 +82,21 @@ def run_rl(cfg) -> dict:
             log.info("resumed from %s (step %d)", run.resume_from, start)
         metrics_log = MetricsLogger(run, resume_step=start if run.resume_from is not None else None)
 
-        def eval_metrics() -> dict:
-            return {"eval/accuracy": float(np.mean(trainer.evaluate(eval_problems, s.eval_max_tokens)))}
+        def eval_metrics(step: int) -> dict:
+            acc = trainer.evaluate(eval_problems, s.eval_max_tokens, rl.eval_samples, derive_seed(cfg.seed, "rl_eval", step),
+                                   temperature=rl.eval_temperature)
+            out = {"eval/accuracy": float(np.mean(acc))}
+            # the recipe holds out problems per source; band files give each held-out problem its band
+            for name, key in (("source", lambda p: p.source), ("band", lambda p: p.meta.get("band"))):
+                groups: dict[str, list[float]] = {}
+                for a, p in zip(acc, eval_problems):
+                    groups.setdefault(key(p), []).append(a)
+                if len(groups) > 1 and None not in groups:
+                    out.update({f"eval/accuracy/{name}/{g}": float(np.mean(v)) for g, v in sorted(groups.items())})
+            return out
 
         if eval_problems and start == 0:
-            metrics_log.log(0, eval_metrics())
+            metrics_log.log(0, eval_metrics(0))
         bar = tqdm(range(start, s.max_steps), desc="soar-rl", initial=start, total=s.max_steps,
                    disable=not cfg.run.progress, unit="step")
         last = {}
@@ -80,10 +107,8 @@ def run_rl(cfg) -> dict:
             last = dict(result.metrics)
             last.update(trainer.grader.stats.as_metrics())
             done = step + 1
-            if eval_problems and s.eval_every and done % s.eval_every == 0 and done < s.max_steps:
-                last.update(eval_metrics())
-            if eval_problems and done == s.max_steps:
-                last.update(eval_metrics())
+            if eval_problems and (done == s.max_steps or s.eval_every and done % s.eval_every == 0):
+                last.update(eval_metrics(done))
             metrics_log.log(done, last)
             bar.set_postfix(reward=f"{last['student/reward_mean']:.1f}", acc=f"{last['student/accuracy']:.2f}")
             if done % s.save_every == 0 or done == s.max_steps:
@@ -91,7 +116,8 @@ def run_rl(cfg) -> dict:
                     torch.save(trainer.state_dict(), ckpt / "state.pt")
         final = run.path / "final"
         trainer.save_pretrained(final)
-        summary = {"steps": s.max_steps, "final_dir": str(final), "last": last}
+        summary = {"steps": s.max_steps, "final_dir": str(final), "train_problems": len(problems),
+                   "eval_problems": len(eval_problems), "last": last}
         (run.path / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
         metrics_log.close()
         return summary

@@ -1,8 +1,8 @@
 """Checking a composed config against the stage that reads it, before any heavy work: sizes, paths,
-names (each read from its registry: ``soar.grading.GRADERS``, ``soar.rewards.TEACHER_REWARDS``,
-``soar.policy.scores.REWARD_METRICS``) and whether the student pool fits this machine's cores, memory
-(``/proc/meminfo``, through ``soar.memory_plan.available_ram_gb``) and GPUs. A problem is a
-``ConfigError`` naming the field.
+names (each read from its registry: ``soar.grading.GRADERS`` and ``STUDENT_REWARDS``,
+``soar.rewards.TEACHER_REWARDS``, ``soar.policy.scores.REWARD_METRICS``) and whether the student pool
+fits this machine's cores, memory (``/proc/meminfo``, through ``soar.memory_plan.available_ram_gb``)
+and GPUs. A problem is a ``ConfigError`` naming the field.
 
     soar.validate(soar.compose(["experiment=arith_micro"]), "train")
 
@@ -22,8 +22,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
-from soar.config import BACKEND_ROLES, KV_CACHE_ENV, PRECISIONS, ConfigError, load_callable
-from soar.grading import GRADERS
+from soar.config import BACKEND_ROLES, BANDS, KV_CACHE_ENV, PRECISIONS, ConfigError, load_callable
+from soar.grading import GRADERS, STUDENT_REWARDS
+from soar.hydra_config import conf_dir
 from soar.policy.scores import REWARD_METRICS
 from soar.rewards import TEACHER_REWARDS, student_tasks_per_step
 
@@ -166,7 +167,9 @@ def _validate_inputs(cfg, stage: str) -> None:
         fail("model.path", "is required (a hub id or a local HF folder), or model.build")
     if cfg.model.path and _looks_local(cfg.model.path) and not Path(cfg.model.path).exists():
         fail("model.path", f"local path {cfg.model.path} does not exist")
-    builds_data = stage == "train" and (cfg.data.build or cfg.loop.hard_set)
+    # soar-train and soar-filter may write their pool (data.build, filter.pool); soar-rl may read band files
+    builds_data = ((stage == "train" and (cfg.data.build or cfg.loop.hard_set)) or (stage == "rl" and cfg.rl.bands)
+                   or (stage == "filter" and (cfg.filter.pool or cfg.data.build)))
     if cfg.data.path in (None, "", "???") and not builds_data:
         fail("data.path", "is required (JSONL/parquet file, save_to_disk folder or hub id)")
     if cfg.data.path and _looks_local(cfg.data.path) and not Path(cfg.data.path).exists():
@@ -194,6 +197,8 @@ def _validate_student(cfg, stage: str) -> None:
     _validate_policy(s, "student")
     if s.group_size < 2:
         fail("student.group_size", f"RLOO needs >= 2 samples per question, got {s.group_size}")
+    if s.reward not in STUDENT_REWARDS:
+        fail("student.reward", f"must be one of {', '.join(STUDENT_REWARDS)}, got {s.reward!r}")
     for name in ("questions_per_step", "save_every"):
         if getattr(s, name) < 1:
             fail(f"student.{name}", f"must be >= 1, got {getattr(s, name)}")
@@ -303,6 +308,24 @@ def _validate_filter(cfg, stage: str) -> None:
         fail("filter.temperature", "must be > 0")
     if any(g < 1 for g in f.mixed_group_sizes):
         fail("filter.mixed_group_sizes", f"every group size must be >= 1, got {list(f.mixed_group_sizes)}")
+    for name in f.pool:
+        if not (conf_dir() / "data" / f"{name}.yaml").is_file():
+            fail("filter.pool", f"no data config {name!r} (conf/data/{name}.yaml)")
+    if f.heldout_per_source < 0:
+        fail("filter.heldout_per_source", f"must be >= 0, got {f.heldout_per_source}")
+
+
+def _validate_rl(cfg, stage: str) -> None:
+    rl = cfg.rl
+    unknown = [b for b in rl.band if b not in BANDS]
+    if unknown or not rl.band:
+        fail("rl.band", f"must be a non-empty list of {', '.join(BANDS)}, got {list(rl.band)}")
+    if rl.bands is not None and not Path(rl.bands).is_dir():
+        fail("rl.bands", f"{rl.bands} is not a directory (a soar-filter run dir holding bands/)")
+    if rl.eval_samples < 0:
+        fail("rl.eval_samples", f"must be >= 0 (0: greedy), got {rl.eval_samples}")
+    if rl.eval_temperature <= 0:
+        fail("rl.eval_temperature", f"must be > 0, got {rl.eval_temperature}")
 
 
 def _validate_distill(cfg, stage: str) -> None:
@@ -339,10 +362,11 @@ def _validate_distill(cfg, stage: str) -> None:
 _SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "student": _validate_student,
                    "teacher": _validate_teacher,
                    "inner": _validate_inner, "promotion": _validate_promotion, "loop": _validate_loop,
-                   "resources": _validate_resources_section, "filter": _validate_filter, "distill": _validate_distill}
+                   "resources": _validate_resources_section, "filter": _validate_filter, "rl": _validate_rl,
+                   "distill": _validate_distill}
 
 STAGE_SECTIONS = {
-    "rl": ("inputs", "grader", "student", "distill"),
+    "rl": ("inputs", "grader", "student", "rl", "distill"),
     "filter": ("inputs", "grader", "filter"),
     # soar-train builds its hard set with fail@k (filter.*) unless loop.hard_set is a finished split.
     "train": ("inputs", "grader", "student", "teacher", "inner", "promotion", "loop", "resources", "filter"),

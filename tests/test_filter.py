@@ -6,8 +6,10 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
+from soar.data import shared_data_dir
 from soar.filters.failk import band, prob_group_mixed, split_hard
 
 from conftest import arith_data, run_cli, script, write_jsonl
@@ -106,3 +108,77 @@ def test_split_is_deterministic_and_order_free():
     assert len(test) == 50 and len(train) == 51 and not set(train) & set(test)
     assert split_hard(list(reversed(ids)), 0.5, seed=3) == (train, test)
     assert split_hard(ids, 0.5, seed=4) != (train, test)
+
+
+def test_filter_writes_bands_with_heldout_per_source(tiny_model_dir, tmp_path):
+    """Every band's problems with their pass counts and P(mixed group at G), a held-out split per source,
+    and the hard set as without it (all of the 0/k problems, held-out ones included)."""
+    import datasets
+
+    from soar.worlds.arith import generate_problems
+
+    groups = {"easy": generate_problems(3, 0, 6, seed=11, prefix="easy"),  # often solved
+              "mid": generate_problems(3, 2, 6, seed=13, prefix="mid"),  # sometimes
+              "hard": generate_problems(4, 2, 6, seed=12, prefix="hard")}  # never seen
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer, "source": src}) + "\n"
+                            for src, probs in groups.items() for p in probs))
+    run_dir = tmp_path / "f"
+    run_cli(filter_args(tiny_model_dir, pool, run_dir, extra=["data.source_key=source", "filter.heldout_per_source=2",
+                                                              "student.group_size=4"]))
+    manifest = {r["id"]: r for r in manifest_rows(run_dir)}
+    bands = {name: [json.loads(line) for line in (run_dir / "bands" / f"{name}.jsonl").read_text().splitlines()]
+             for name in ("all_zero", "mixed", "all_one", "heldout")}
+    held = bands["heldout"]
+    assert sorted(r["source"] for r in held) == ["easy", "easy", "hard", "hard", "mid", "mid"]
+    ids = [r["id"] for rows in bands.values() for r in rows]
+    assert sorted(ids) == sorted(manifest) and len(set(ids)) == 18  # each problem once
+    for name, rows in bands.items():
+        for r in rows:
+            passes = manifest[r["id"]]["passes"]
+            assert r["passes"] == passes and r["k"] == 16 and r["band"] == band(passes, 16)
+            assert name in ("heldout", r["band"])
+            assert r["group_size"] == 4 and r["prob_group_mixed"] == pytest.approx(prob_group_mixed(passes / 16, 4))
+            assert json.loads(r["provenance"])["k"] == 16 and set(r) >= {"question", "answer", "meta"}
+    assert bands["mixed"] and bands["all_zero"]  # the pool spans the bands
+    summary = json.loads((run_dir / "summary.json").read_text())
+    files = summary["band_files"]
+    assert files["heldout_by_source"] == {"easy": 2, "hard": 2, "mid": 2} and files["group_size"] == 4
+    assert {n: files[n]["problems"] for n in bands} == {n: len(rows) for n, rows in bands.items()}
+    assert files["mixed"]["prob_group_mixed_mean"] == pytest.approx(np.mean([r["prob_group_mixed"] for r in bands["mixed"]]))
+    # the hard set is all of the 0/k problems, held-out ones included, split as before
+    hard = {s: [json.loads(line)["id"] for line in (run_dir / f"hard_{s}.jsonl").read_text().splitlines()]
+            for s in ("train", "test")}
+    zero = sorted(i for i, r in manifest.items() if r["passes"] == 0)
+    assert (sorted(hard["train"]), sorted(hard["test"])) == split_hard(zero, 0.5, 0)
+    ds = datasets.load_from_disk(str(run_dir / "bands" / "dataset"))
+    assert {k: len(v) for k, v in ds.items()} == {n: len(rows) for n, rows in bands.items() if rows}
+    assert ds["heldout"].features["passes"].dtype == "int64"
+
+
+def test_heldout_draw_is_per_source_and_order_free():
+    from soar.data import Problem
+    from soar.filters.failk import heldout_ids
+
+    probs = [Problem(f"{s}/{i}", "q", "1", s) for s in ("a", "b") for i in range(10)] + [Problem("c/0", "q", "1", "c")]
+    held = heldout_ids(probs, 3, seed=0)
+    assert [sum(i.startswith(s) for i in held) for s in "abc"] == [3, 3, 1]  # a smaller source: all of it
+    assert sorted(heldout_ids(list(reversed(probs)), 3, seed=0)) == sorted(held)
+    assert heldout_ids(probs, 3, seed=1) != held
+
+
+@pytest.mark.skipif(not (shared_data_dir() / "NOTICE.md").exists(), reason="benchmark files not found (SOAR_DATA_DIR)")
+def test_pool_of_data_configs_keeps_each_source(tmp_path):
+    """filter.pool: several benchmarks' data configs as one pool with a source column, ids prefixed by source,
+    read back with data.source_key; the held-out draw takes 25 per source."""
+    import soar
+    from soar.filters.failk import filter_problems, heldout_ids
+
+    cfg = soar.compose(["experiment=band_rl", "filter.pool=[aime24,amc23]"])
+    problems = filter_problems(cfg, tmp_path)
+    assert [sum(p.source == s for p in problems) for s in ("aime24", "amc23")] == [30, 40]
+    assert len({p.id for p in problems}) == 70 and problems[0].id == "aime24/60" and problems[0].answer == "204"
+    rows = [json.loads(line) for line in (tmp_path / "pool.jsonl").read_text().splitlines()]
+    assert rows[-1]["source"] == "amc23" and rows[-1]["id"].startswith("amc23/")
+    held = heldout_ids(problems, 25, cfg.seed)
+    assert [sum(i.startswith(s) for i in held) for s in ("aime24", "amc23")] == [25, 25]

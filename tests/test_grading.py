@@ -345,3 +345,36 @@ def test_unknown_grader_lists_registered():
         make_grader("sympy_magic")
     with pytest.raises(ValueError, match="registered graders"):
         make_grader("no_such_pkg.mod:Cls")
+
+
+@pytest.mark.parametrize("pred, reward", [
+    (r"so \boxed{579}", 1.0),  # right
+    (r"\boxed{578}", 0.0),  # wrong
+    (r"\boxed{five}", 0.0),  # well-formed box, content not an integer: wrong, not malformed
+    ("579", -0.2),  # no box: missing
+    (r"\boxed{579", -0.2),  # the last box never closes (cut off by max_tokens): malformed
+    (r"\boxed{  }", -0.2),  # blank box: malformed
+    (r"\boxed{579} then \boxed{57", -0.2),  # the last box is the answer, and it is cut
+])
+def test_format_penalty_reward(ig, pred, reward):
+    grade = ig.grade(pred, "579")
+    assert G.STUDENT_REWARDS["format_penalty"](grade) == reward
+    assert G.STUDENT_REWARDS["shaped"](grade) == grade.reward  # the registry's other entry: the paper's 120/20/10/0
+
+
+def test_rollout_rewards_follow_student_reward(ig):
+    """``student.reward`` picks the reward RLOO sees (``grade_rollouts``): format_penalty keeps a signal in a
+    group whose answers are all wrong, where some are malformed."""
+    from soar.data import Problem
+    from soar.policy.trainer import grade_rollouts
+    from soar.samples import Sample
+
+    group = [[Sample(t, [1], "stop") for t in (r"\boxed{1}", r"\boxed{2}", "2", r"\boxed{3")]]
+    problems = [Problem("p", "1+1", "5")]
+    _, shaped, correct, adv_shaped = grade_rollouts(ig, problems, group)
+    _, penalised, _, adv_penalised = grade_rollouts(ig, problems, group, "format_penalty")
+    assert shaped.tolist() == [[10.0, 10.0, 0.0, 0.0]] and correct.sum() == 0
+    assert penalised[0].tolist() == pytest.approx([0.0, 0.0, -0.2, -0.2])
+    assert adv_penalised.abs().sum() > 0
+    with pytest.raises(KeyError):
+        grade_rollouts(ig, problems, group, "no_such_reward")

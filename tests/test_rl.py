@@ -90,3 +90,68 @@ def test_resume_never_refuses_existing_run(tiny_model_dir, rl_questions, tmp_pat
     (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
     res = run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "r", extra=["run.resume=never"]), check=False)
     assert res.returncode == 2 and "run.resume=never" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def band_run(tiny_model_dir, tmp_path_factory):
+    """A soar-filter run dir with band files: two sources of 3-digit sums (0 and 2 carries), 3 held out each."""
+    from soar.worlds.arith import generate_problems
+
+    root = tmp_path_factory.mktemp("bands")
+    groups = {f"c{c}": generate_problems(3, c, 10, seed=21 + c, prefix=f"c{c}") for c in (0, 2)}
+    pool = root / "pool.jsonl"
+    pool.write_text("".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer, "source": src}) + "\n"
+                            for src, probs in groups.items() for p in probs))
+    run_cli([script("soar-filter"), f"model={tiny_model_dir}", *arith_data(pool), "data.source_key=source",
+             "filter.k=8", "filter.max_tokens=16", "filter.heldout_per_source=3", "backend=hf", "run.threads=1",
+             "run.progress=false", f"run.dir={root / 'filter'}"])
+    return root / "filter"
+
+
+def band_args(model, bands, run_dir, steps, extra=()):
+    return [script("soar-rl"), f"model={model}", "data=arith", f"rl.bands={bands}", f"student.max_steps={steps}",
+            "student.questions_per_step=4", "student.group_size=4", "student.max_tokens=16", "student.lr=1e-4",
+            "run.threads=1", "run.progress=false", f"run.dir={run_dir}", *extra]
+
+
+def test_rl_on_a_band_with_format_penalty_and_sampled_eval(tiny_model_dir, band_run, tmp_path):
+    """soar-rl trains on the band files rl.band (no data.path), rewards 1 / 0 / -0.2, and evaluates the held-out
+    file with rl.eval_samples samples at rl.eval_temperature every student.eval_every steps, per source too."""
+    summary = json.loads((band_run / "summary.json").read_text())["band_files"]
+    run_cli(band_args(tiny_model_dir, band_run, tmp_path / "mixed", 3,
+                      ["rl.band=[mixed,all_one]", "student.reward=format_penalty", "rl.eval_samples=4",
+                       "student.eval_every=2"]))
+    out = json.loads((tmp_path / "mixed" / "summary.json").read_text())
+    assert out["train_problems"] == summary["mixed"]["problems"] + summary["all_one"]["problems"] > 0
+    assert out["eval_problems"] == 6
+    rows = read_metrics(tmp_path / "mixed" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2, 3]
+    assert {"eval/accuracy/source/c0", "eval/accuracy/source/c2"} <= set(rows[0])
+    assert all(r["eval/accuracy"] * 24 == round(r["eval/accuracy"] * 24) for r in rows if "eval/accuracy" in r)  # 6 x 4
+    assert all(-0.2 <= r["student/reward_mean"] <= 1.0 for r in rows[1:])
+    assert "reward: format_penalty" in (tmp_path / "mixed" / "config.yaml").read_text()
+
+    # the sampling temperature reaches the evaluation: at T=50 the samples are noise, at T=1 they are not
+    run_cli(band_args(tiny_model_dir, band_run, tmp_path / "hot", 1, ["rl.eval_samples=4", "rl.eval_temperature=50"]))
+    hot = read_metrics(tmp_path / "hot" / "metrics.jsonl")[0]["eval/accuracy"]
+    assert hot == 0.0 < rows[0]["eval/accuracy"], (hot, rows[0]["eval/accuracy"])
+
+
+def test_rl_band_needs_a_filter_run(tiny_model_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    res = run_cli(band_args(tiny_model_dir, tmp_path / "empty", tmp_path / "r", 1), check=False)
+    assert res.returncode != 0 and "no band file 'mixed'" in res.stderr + res.stdout
+    res = run_cli(band_args(tiny_model_dir, tmp_path / "empty", tmp_path / "r2", 1, ["rl.band=[easy]"]), check=False)
+    assert res.returncode == 2 and "rl.band" in res.stderr
+
+
+def test_rl_config_errors_name_the_field(tiny_model_dir, tmp_path):
+    import soar
+    from soar.config import ConfigError
+
+    base = [f"model.path={tiny_model_dir}", "data=arith", f"rl.bands={tmp_path}"]
+    soar.validate(soar.compose(base), "rl")  # rl.bands stands in for data.path
+    for override, field in (("student.reward=bogus", "student.reward"), ("rl.band=[]", "rl.band"),
+                            ("rl.eval_samples=-1", "rl.eval_samples"), (f"rl.bands={tmp_path / 'none'}", "rl.bands")):
+        with pytest.raises(ConfigError, match=field):
+            soar.validate(soar.compose([*base, override]), "rl")

@@ -4,7 +4,9 @@ tokens, the student prompt), split 50/50 into hard train/test.
     soar-filter model.path=PATH data=custom data.path=problems.jsonl filter.k=128 run.name=hard
 
 Writes to the run dir: ``manifest.jsonl`` (append-only, one row per problem, resumable),
-``hard_set/`` (``datasets.save_to_disk``), ``hard_train.jsonl``, ``hard_test.jsonl``, ``summary.json``.
+``hard_set/`` (``datasets.save_to_disk``), ``hard_train.jsonl``, ``hard_test.jsonl``, ``summary.json``,
+and every band's problems (``write_bands``): ``bands/{all_zero,mixed,all_one,heldout}.jsonl`` and
+``bands/dataset/`` (one split each), with ``filter.heldout_per_source`` problems per source held out.
 """
 
 from __future__ import annotations
@@ -18,14 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from soar.data import DataError, Problem, load_problems, render_prompt, write_jsonl
+from soar.config import BANDS
+from soar.data import DataError, Problem, load_problem_records, load_problems, render_prompt, write_jsonl, write_pool
 from soar.generation import SamplingParams, make_generator
 from soar.grading import make_grader
+from soar.hydra_config import data_group
 from soar.models import check_context, model_context, model_fingerprint
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
+from soar.worlds.base import build_pool_hook
 
 log = logging.getLogger("soar.filters")
 PROVENANCE_FIELDS = ("model", "template_sha", "sampling", "seed", "k", "grader")
@@ -194,7 +200,6 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
                    grader=None) -> dict:
     """The hard split of the 0/k problems whose gold ``grader`` (default: ``data.grader``'s) can grade
     (``ungradable``: the others are listed in the summary as ``ungradable_golds``), and the summary."""
-    import datasets
 
     f = cfg.filter
     counts = {"all_zero": 0, "mixed": 0, "all_one": 0}
@@ -223,12 +228,8 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
     splits = {"train": records(train_ids), "test": records(test_ids)}
     for name, recs in splits.items():
         write_jsonl(out_dir / f"hard_{name}.jsonl", recs)
-    features = datasets.Features({k: datasets.Value("string")
-                                  for k in ("id", "question", "answer", "source", "meta", "provenance")})
-    # from_dict, not from_list: datasets 5.2 drops the features of an empty list (an empty split)
-    datasets.DatasetDict({k: datasets.Dataset.from_dict({c: [r[c] for r in v] for c in features}, features=features)
-                          for k, v in splits.items()}).save_to_disk(
-        str(out_dir / "hard_set"))
+    save_splits(splits, RECORD_FEATURES, out_dir / "hard_set")
+    band_summary = write_bands(problems, rows, records, cfg, out_dir / "bands", split_seed)
     summary = {
         "problems": len(problems), "bands": counts, "hard": len(hard_ids),
         "ungradable_golds": [p.id for p in zero if p.id in bad],
@@ -238,11 +239,87 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
         "mixed_prob_group_mixed": {str(g): float(np.mean([prob_group_mixed(p, g) for p in mixed_rates]))
                                    if mixed_rates else None for g in f.mixed_group_sizes},
         "split": {"seed": split_seed, "test_frac": f.test_frac},
+        "band_files": band_summary,
         "throughput_this_session": throughput, "provenance": provenance,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     log.info("fail@%d: %s; hard set %d (train %d / test %d)", f.k, counts, len(hard_ids), len(train_ids), len(test_ids))
     return summary
+
+
+RECORD_FEATURES = {k: "string" for k in ("id", "question", "answer", "source", "meta", "provenance")}
+"""The hard set's columns (``hard_train.jsonl``, ``hard_set/``): ``Problem.to_dict`` with ``meta`` and the
+filter's provenance as JSON text."""
+BAND_FEATURES = {**RECORD_FEATURES, "band": "string", "passes": "int64", "k": "int64", "pass_rate": "float64",
+                 "group_size": "int64", "prob_group_mixed": "float64"}
+"""A band file's columns: the hard set's, the problem's band, its passes of k, and the probability
+that a group of ``group_size`` samples at its pass rate is mixed (``prob_group_mixed``)."""
+
+
+def save_splits(splits: dict[str, list[dict]], columns: dict[str, str], path: Path) -> None:
+    """``splits`` (name -> records) as a ``datasets`` DatasetDict saved to ``path``."""
+    import datasets
+
+    features = datasets.Features({c: datasets.Value(t) for c, t in columns.items()})
+    # from_dict, not from_list: datasets 5.2 drops the features of an empty list (an empty split)
+    datasets.DatasetDict({k: datasets.Dataset.from_dict({c: [r[c] for r in v] for c in features}, features=features)
+                          for k, v in splits.items()}).save_to_disk(str(path))
+
+
+def heldout_ids(problems, per_source: int, seed: int) -> list[str]:
+    """``per_source`` problems of each source (all of a smaller one), drawn as ``split_hard`` draws:
+    sorted ids, a seeded permutation per source, so the draw depends on neither order nor bands."""
+    by_source: dict[str, list[str]] = {}
+    for p in problems:
+        by_source.setdefault(p.source, []).append(p.id)
+    out = []
+    for src, ids in sorted(by_source.items()):
+        if len(ids) <= per_source:
+            log.warning("source %r has %d problems, all held out (filter.heldout_per_source=%d)", src, len(ids), per_source)
+        ordered = sorted(ids)
+        perm = np.random.default_rng(derive_seed(seed, "heldout", src)).permutation(len(ordered))
+        out += [ordered[i] for i in sorted(perm[:per_source])]
+    return out
+
+
+def write_bands(problems, rows: dict[str, dict], records, cfg, out: Path, split_seed: int) -> dict:
+    """Every band's problems with their pass counts as ``<band>.jsonl`` (in pool order, the held-out ones
+    left out), the held-out ones as ``heldout.jsonl``, the non-empty ones as splits of ``dataset/``; each row
+    carries ``prob_group_mixed`` at G = ``student.group_size`` (the group ``soar-rl`` trains with).
+    Returns the summary's ``band_files``."""
+    k, group = cfg.filter.k, cfg.student.group_size
+    held = set(heldout_ids(problems, cfg.filter.heldout_per_source, split_seed)) if cfg.filter.heldout_per_source else set()
+    splits: dict[str, list[dict]] = {name: [] for name in (*BANDS, "heldout")}
+    for p, record in zip(problems, records([p.id for p in problems])):
+        passes = rows[p.id]["passes"]
+        name = band(passes, k)
+        splits["heldout" if p.id in held else name].append(
+            {**record, "band": name, "passes": passes, "k": k, "pass_rate": passes / k, "group_size": group,
+             "prob_group_mixed": prob_group_mixed(passes / k, group)})
+    out.mkdir(parents=True, exist_ok=True)
+    for name, recs in splits.items():
+        write_jsonl(out / f"{name}.jsonl", recs)
+    # an empty split is left out: datasets 5.2 saves it but cannot load it back (IndexError in load_from_disk)
+    save_splits({name: recs for name, recs in splits.items() if recs}, BAND_FEATURES, out / "dataset")
+    heldout_by_source: dict[str, int] = {}
+    for r in splits["heldout"]:
+        heldout_by_source[r["source"]] = heldout_by_source.get(r["source"], 0) + 1
+    return {"dir": str(out), "group_size": group, "heldout_per_source": cfg.filter.heldout_per_source,
+            "heldout_by_source": heldout_by_source,
+            **{name: {"problems": len(recs),
+                      # mean P(mixed group at G); times the problems: the expected mixed groups if each is drawn once
+                      "prob_group_mixed_mean": float(np.mean([r["prob_group_mixed"] for r in recs])) if recs else None}
+               for name, recs in splits.items()}}
+
+
+def load_band(bands_dir: str | Path, name: str, data_cfg) -> list[Problem]:
+    """The problems of one band file (``name``: a band or ``heldout``) of a ``soar-filter`` run dir (or its
+    ``bands/`` folder); [] for an empty band. Pass counts and P(mixed group) land in ``Problem.meta``."""
+    folder = Path(bands_dir)
+    path = folder / f"{name}.jsonl" if (folder / f"{name}.jsonl").exists() else folder / "bands" / f"{name}.jsonl"
+    if not path.exists():
+        raise DataError(f"{path}: no band file {name!r} (rl.bands must be a soar-filter run dir that wrote bands/)")
+    return load_problem_records(data_cfg, path) if path.read_text().strip() else []
 
 
 def filter_to_hard_set(cfg, problems, model, tokenizer, out_dir: Path, progress: bool = True) -> dict:
@@ -258,11 +335,21 @@ def check_filter_prompts(cfg, problems, model, tokenizer) -> None:
                   cfg.filter.max_tokens, model_context(model, cfg.model), "filter.max_tokens", [p.id for p in problems])
 
 
+def filter_problems(cfg, run_path: Path) -> list[Problem]:
+    """The pool of ``filter.pool``'s data configs (written to ``<run>/pool.jsonl``), else ``data.path``'s
+    problems, else those ``data.build`` writes to ``<run>/problems`` (as ``soar-train`` does)."""
+    if not cfg.filter.pool:
+        return load_problems(cfg.data, cfg.data.path or str(build_pool_hook(cfg, run_path / "problems")))
+    path = write_pool(run_path / "pool.jsonl", [load_problems(data_group(name)) for name in cfg.filter.pool])
+    return load_problems(OmegaConf.merge(cfg.data, {"source_key": "source"}), str(path))
+
+
 def run_filter_stage(cfg) -> dict:
-    """The ``soar-filter`` stage: load model and questions, validate (all before the run dir is
-    written), run, write the hard set."""
+    """The ``soar-filter`` stage: load model and questions and check them (before the run dir's provenance
+    is written; a pool of several data configs or a built one is written there as it is read), run, write
+    the hard set and the bands."""
     def read_questions(stage) -> list[Problem]:
-        problems = load_problems(cfg.data)
+        problems = filter_problems(cfg, stage.run.path)
         check_filter_prompts(cfg, problems, stage.model, stage.tokenizer)
         return problems
 

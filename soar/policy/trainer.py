@@ -23,6 +23,7 @@ import torch
 
 from soar.data import render_prompt
 from soar.generation import HFGenerator, SamplingParams, correctness
+from soar.grading import STUDENT_REWARDS
 from soar.models import export_policy, save_policy
 from soar.policy.rloo import (
     completion_values,
@@ -76,12 +77,15 @@ def rollout_metrics(samples_QG, grades, rewards_QG, correct_QG, adv_QG) -> dict:
     }
 
 
-def grade_rollouts(grader, problems, samples_QG) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Grades, shaped rewards (Q, G), correctness (Q, G) and RLOO advantages (Q, G) of one step's rollouts."""
+def grade_rollouts(grader, problems, samples_QG, reward: str = "shaped") -> tuple[list, torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
+    """Grades, rewards (Q, G) by ``reward`` (``soar.grading.STUDENT_REWARDS``), correctness (Q, G) and RLOO
+    advantages (Q, G) of one step's rollouts."""
     group_size = len(samples_QG[0])
     grades = grader.grade_batch([s.text for group in samples_QG for s in group],
                                 [p.answer for p in problems for _ in range(group_size)])
-    rewards_QG = torch.tensor([g.reward for g in grades], dtype=torch.float32).view(len(problems), -1)
+    reward_of = STUDENT_REWARDS[reward]
+    rewards_QG = torch.tensor([reward_of(g) for g in grades], dtype=torch.float32).view(len(problems), -1)
     correct_QG = torch.tensor([g.correct for g in grades], dtype=torch.float32).view(len(problems), -1)
     return grades, rewards_QG, correct_QG, rloo_advantages(rewards_QG)
 class MasterWeights:
@@ -202,7 +206,7 @@ class RLOOTrainer:
         else:
             t0 -= sample_s
         t_sample = time.perf_counter()
-        grades, rewards_QG, correct_QG, adv_QG = grade_rollouts(self.grader, problems, samples_QG)
+        grades, rewards_QG, correct_QG, adv_QG = grade_rollouts(self.grader, problems, samples_QG, cfg.reward)
         t_grade = t_advice = time.perf_counter()
 
         advice_metrics, teacher_prompt_ids = {}, None
@@ -367,21 +371,22 @@ class RLOOTrainer:
         raise ValueError("kl_coef > 0 and a frozen distillation teacher need a reference model (full fine-tuning) or LoRA")
 
     # ---- evaluation ---------------------------------------------------------------------------
-    def evaluate(self, problems, max_tokens: int | None = None, samples: int = 0, seed: int = 0,
-                 generator=None, metric: str = "accuracy", gold_completion: str = "") -> list[float]:
-        """Per problem: correctness (``metric`` accuracy: greedy, or mean over ``samples`` samples) or a
-        gold metric's score (``gold_scores``), cached per model version; ``generator`` (the eval
-        role's) serves the current weights, else the rollout generator."""
+    def evaluate(self, problems, max_tokens: int | None = None, samples: int = 0, seed: int = 0, generator=None,
+                 metric: str = "accuracy", gold_completion: str = "", temperature: float = 1.0) -> list[float]:
+        """Per problem: correctness (``metric`` accuracy: greedy, or mean over ``samples`` samples at
+        ``temperature``) or a gold metric's score (``gold_scores``), cached per model version;
+        ``generator`` (the eval role's) serves the current weights, else the rollout generator."""
         key_src = "\x00".join(f"{p.id}\x01{p.question}\x01{p.answer}" for p in problems)
-        key = (self.version, hashlib.sha256(f"{max_tokens}\x02{samples}\x02{seed}\x02{metric}{gold_completion}\x02{key_src}"
-                                            .encode()).hexdigest())
+        settings = f"{max_tokens}\x02{samples}\x02{seed}\x02{temperature}\x02{metric}{gold_completion}"
+        key = (self.version, hashlib.sha256(f"{settings}\x02{key_src}".encode()).hexdigest())
         if key not in self._eval_cache:
             if REWARD_METRICS[metric].uses_gold:
                 self._eval_cache[key] = gold_scores(self.model, self.tokenizer, problems, self.template, metric,
                                                     gold_completion)
             else:
                 self._eval_cache[key] = correctness(self.sampler(generator), self.grader, problems, self.template,
-                                                    max_tokens or self.cfg.max_tokens, tuple(self.cfg.stop), samples, seed)
+                                                    max_tokens or self.cfg.max_tokens, tuple(self.cfg.stop), samples, seed,
+                                                    temperature)
         return self._eval_cache[key]
 
     # ---- state --------------------------------------------------------------------------------

@@ -225,7 +225,7 @@ class BatchedStudents:
         samples = [[[finish_sample(rows[a][q * n + i], stop_ids, sampling, self.tokenizer) for i in range(n)]
                     for q in range(Q)] for a in range(len(active))]
         t1 = time.perf_counter()
-        graded = [grade_rollouts(self.grader, batch, student) for batch, student in zip(batches, samples)]
+        graded = [grade_rollouts(self.grader, batch, student, scfg.reward) for batch, student in zip(batches, samples)]
         t2 = time.perf_counter()
         out = [{"samples": student, "skipped": scfg.skip_zero_adv and bool((adv_QG == 0).all()), "pg_loss": 0.0,
                 "kl_sum": 0.0, "sample_s": t1 - t0, "grade_s": t2 - t1,
