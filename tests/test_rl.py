@@ -86,10 +86,11 @@ def test_resume_after_kill_matches_uninterrupted(tiny_model_dir, rl_questions, t
 
 
 def test_resume_never_refuses_existing_run(tiny_model_dir, rl_questions, tmp_path):
-    (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
-    res = run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "r", extra=["run.resume=never"]), check=False)
-    assert res.returncode == 2 and "run.resume=never" in res.stderr
+    run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "r", steps=1))  # a real run (a folder of other files
+    before = (tmp_path / "r" / "metrics.jsonl").read_bytes()  # is refused as not a run: tests/test_bad_input.py)
+    res = run_cli(rl_args(tiny_model_dir, rl_questions, tmp_path / "r", steps=1, extra=["run.resume=never"]), check=False)
+    assert res.returncode == 2 and "run.resume=never" in res.stderr, res.stderr[-2000:]
+    assert (tmp_path / "r" / "metrics.jsonl").read_bytes() == before
 
 
 @pytest.fixture(scope="module")
