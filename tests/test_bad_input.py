@@ -728,8 +728,8 @@ def test_ctrl_c_mid_step_prints_one_line_and_exits_130(tiny_model_dir, uninterru
     """Issue 52 §3: a KeyboardInterrupt traceback of 124 lines; now one line saying where a rerun resumes."""
     import signal
 
-    # 6 steps: the run is still going when the signal lands, however fast this machine is
-    args = train_args(tmp_path / "run", "loop.steps=6", f"loop.hard_set={uninterrupted / 'hard_set'}", model=tiny_model_dir)
+    # 40 steps: the run is still going when the signal lands (SIGINT ends it at step 2 or so)
+    args = train_args(tmp_path / "run", "loop.steps=40", f"loop.hard_set={uninterrupted / 'hard_set'}", model=tiny_model_dir)
     # step 1's line is logged before its checkpoint is written (in the background): wait for that too
     ckpts = tmp_path / "run" / "checkpoints"
     rc, out, err = run_until(args, "step 1/", signal.SIGINT, exists=ckpts / "step_000001" / "DONE")
