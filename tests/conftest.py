@@ -161,3 +161,20 @@ def rehearsal_model_dir() -> Path:
     from soar.rehearsal import build_rehearsal_model
 
     return build_rehearsal_model()
+
+
+def kill_at_checkpoint(args: list[str], run_dir: Path, step: int, timeout: float = 240) -> None:
+    """Start ``args`` in its own process group and SIGKILL the group once ``run_dir``'s checkpoint of
+    ``step`` is complete (its ``DONE`` marker); fails if it never was."""
+    import signal
+    import time
+
+    done = run_dir / "checkpoints" / f"step_{step:06d}" / "DONE"
+    proc = subprocess.Popen(args, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline and not done.exists():
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert done.exists(), f"run never reached step {step}"

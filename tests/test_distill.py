@@ -4,10 +4,6 @@ coach, the LLM-coach path on the rehearsal model, and resume after a kill."""
 
 import copy
 import json
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +23,7 @@ from soar.teachers.parse import Reject
 from soar.tokens import encode_prompts
 from soar.worlds.arith import carry_advice, carry_plan, generate_problems
 
-from conftest import arith_data, run_cli, script
+from conftest import arith_data, kill_at_checkpoint, run_cli, script
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -241,15 +237,7 @@ def test_distill_resume_after_kill_matches_uninterrupted(tiny_model_dir, rl_ques
     reference = strip_time(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(distill_rl_args(tiny_model_dir, rl_questions, killed, steps), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (killed / "checkpoints" / "step_000002" / "DONE").exists():
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert (killed / "checkpoints" / "step_000002" / "DONE").exists(), "run never reached step 2"
+    kill_at_checkpoint(distill_rl_args(tiny_model_dir, rl_questions, killed, steps), killed, 2)
     assert max(r["step"] for r in read_metrics(killed / "metrics.jsonl")) < steps, "killed too late to test resume"
 
     res = run_cli(distill_rl_args(tiny_model_dir, rl_questions, killed, steps, extra=["run.resume=must"]))

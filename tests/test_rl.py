@@ -2,15 +2,13 @@
 
 import json
 import os
-import signal
 import subprocess
-import time
 
 import pytest
 
 from soar.run import read_metrics
 
-from conftest import arith_data, run_cli, script
+from conftest import arith_data, kill_at_checkpoint, run_cli, script
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -68,15 +66,7 @@ def test_resume_after_kill_matches_uninterrupted(tiny_model_dir, rl_questions, t
     reference = strip_time(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(rl_args(tiny_model_dir, rl_questions, killed, steps=steps, extra=extra), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and not (killed / "checkpoints" / "step_000003" / "DONE").exists():
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert (killed / "checkpoints" / "step_000003" / "DONE").exists(), "run never reached step 3"
+    kill_at_checkpoint(rl_args(tiny_model_dir, rl_questions, killed, steps=steps, extra=extra), killed, 3)
     done_steps = [r["step"] for r in read_metrics(killed / "metrics.jsonl")]
     assert max(done_steps) < steps, "killed too late to test resume"
 
