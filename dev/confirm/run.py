@@ -50,12 +50,17 @@ def main() -> None:
     args = ap.parse_args()
     proto, code, out = protocol(), Path(args.code).resolve(), Path(args.out).resolve()
     jobs = [(variant, s) for s in seeds(proto) for variant in proto["variants"]]
-    done = [job for job in jobs if (out / f"{job[0]}_s{job[1]}" / "summary.json").exists()]
+    raw = Path(args.raw).resolve()
+
+    def packed(job) -> bool:  # committed raw data: a fresh machine does not rerun a finished pair
+        return (raw / f"{job[0]}_s{job[1]}" / "summary.json").exists()
+
+    done = [job for job in jobs if packed(job) or (out / f"{job[0]}_s{job[1]}" / "summary.json").exists()]
     if args.status:
         print(f"{len(done)} of {len(jobs)} runs finished")
         return
     out.mkdir(parents=True, exist_ok=True)
-    hard = (HERE.parents[1] / proto["hard_set"]).resolve()
+    hard = (code / proto["hard_set"]).resolve()  # the frozen commit's copy (the same bytes as this checkout's)
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
            "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
@@ -63,12 +68,14 @@ def main() -> None:
     def run(job) -> None:
         variant, s = job
         run_dir = out / f"{variant}_s{s}"
+        if packed(job):
+            return
         if not (run_dir / "summary.json").exists():
             args_ = [str(Path(sys.executable).parent / "soar-train"), proto["preset"], f"seed={s}", f"loop.hard_set={hard}",
                      f"run.dir={run_dir}", *proto["common_overrides"], *proto["variants"][variant]]
             with open(out / f"{variant}_s{s}.log", "a") as log:
                 subprocess.run(args_, env=env, cwd=code, stdout=log, stderr=subprocess.STDOUT, check=True)
-        pack(run_dir, Path(args.raw) / f"{variant}_s{s}", hard)
+        pack(run_dir, raw / f"{variant}_s{s}", hard)
         print(f"done {variant} seed {s} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     with ThreadPoolExecutor(args.parallel) as pool:
