@@ -5,8 +5,9 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
 ``LAYERS``):
 
     0 config      config (the schema), seeding, faults, signals, stats
-    1 foundations grading, data, models, samples / generation / vllm_backend, run dirs, state, diversity,
-                  prompt/stop token ids (soar.tokens), the GPU memory plan (soar.memory_plan), stacked_llama
+    1 foundations grading, the leak check (soar.leak), data, models, samples / generation / vllm_backend,
+                  run dirs, state, diversity, prompt/stop token ids (soar.tokens), the GPU memory plan
+                  (soar.memory_plan), stacked_llama
     2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, scores)
     3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, batched,
                   promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
@@ -42,7 +43,7 @@ LAYERS: dict[str, int] = {
     "soar.config": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0, "soar.stats": 0,
     "soar.grading": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
     "soar.vllm_backend": 1, "soar.run": 1, "soar.state": 1, "soar.diversity": 1, "soar.tokens": 1,
-    "soar.memory_plan": 1, "soar.stacked_llama": 1,
+    "soar.memory_plan": 1, "soar.stacked_llama": 1, "soar.leak": 1,
     "soar.policy": 2, "soar.policy.rloo": 2, "soar.policy.scores": 2, "soar.policy.trainer": 2,
     "soar.teachers": 3, "soar.teachers.prompts": 3, "soar.teachers.parse": 3, "soar.teachers.sampling": 3,
     "soar.teachers.update": 3, "soar.students": 3, "soar.students.trainer": 3, "soar.students.pool": 3,
