@@ -4,16 +4,22 @@
     nice -n 10 python dev/confirm/run.py --code /work/confirm/code --out /work/confirm/runs     # resumable
     python dev/confirm/run.py --code /work/confirm/code --out /work/confirm/runs --status      # counts only
 
-Runs seed by seed, a seed's Grounded-T and Base-T side by side (``--parallel`` 2, one torch thread each),
+Seed by seed: a seed's Grounded-T and Base-T side by side (``--parallel`` 2, one torch thread each),
 ``soar-train`` of the frozen code (``PYTHONPATH=<code>``) with exactly the protocol's overrides
-(``protocol.json``), on the protocol's hard set. A killed run resumes from its checkpoint when this is
-rerun. Each finished run is packed into ``--raw`` (``pack.py``). ``--status`` says how many runs are
-finished, never their numbers (no interim looks).
+(``protocol.json``), on the protocol's hard set; each finished run packed into ``--raw`` (``pack.py``);
+then that seed's secondary readings (``secondary.py --seeds S``, amendment 1), before the next seed, so
+the cores are never shared by more than ``--parallel`` jobs. A killed run resumes from its checkpoint
+when this is rerun; a pair already packed in ``--raw`` is not rerun, except a pair whose secondary
+readings are missing and whose run folders were lost with an earlier machine: it is rerun last, for the
+readings only, and must reproduce its packed metrics (``time/*`` aside) or it gets no readings
+(amendment 1). ``--status`` says how many runs and readings are finished, never their numbers (no
+interim looks).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -56,8 +62,10 @@ def main() -> None:
         return (raw / f"{job[0]}_s{job[1]}" / "summary.json").exists()
 
     done = [job for job in jobs if packed(job) or (out / f"{job[0]}_s{job[1]}" / "summary.json").exists()]
+    seed_list = seeds(proto)
+    read = [s for s in seed_list if (raw / f"secondary_s{s}.json").exists()]
     if args.status:
-        print(f"{len(done)} of {len(jobs)} runs finished")
+        print(f"{len(done)} of {len(jobs)} runs finished; secondary readings for {len(read)} of {len(seed_list)} seeds")
         return
     out.mkdir(parents=True, exist_ok=True)
     hard = (code / proto["hard_set"]).resolve()  # the frozen commit's copy (the same bytes as this checkout's)
@@ -65,22 +73,47 @@ def main() -> None:
            "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.perf_counter()
 
-    def run(job) -> None:
+    def train(job) -> None:
         variant, s = job
         run_dir = out / f"{variant}_s{s}"
-        if packed(job):
-            return
         if not (run_dir / "summary.json").exists():
             args_ = [str(Path(sys.executable).parent / "soar-train"), proto["preset"], f"seed={s}", f"loop.hard_set={hard}",
                      f"run.dir={run_dir}", *proto["common_overrides"], *proto["variants"][variant]]
             with open(out / f"{variant}_s{s}.log", "a") as log:
                 subprocess.run(args_, env=env, cwd=code, stdout=log, stderr=subprocess.STDOUT, check=True)
-        pack(run_dir, raw / f"{variant}_s{s}", hard)
-        print(f"done {variant} seed {s} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(f"trained {variant} seed {s} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
+    def secondary(s: int) -> None:
+        subprocess.run([sys.executable, str(HERE / "secondary.py"), "--code", str(code), "--runs", str(out),
+                        "--out", str(out.parent / "secondary"), "--raw", str(raw), "--parallel", str(args.parallel),
+                        "--seeds", str(s)], check=True)
+        print(f"secondary readings seed {s} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    pairs = [[(v, s) for v in proto["variants"]] for s in seed_list]
+    fresh = [pair for pair in pairs if not all(map(packed, pair))]
+    lost = [pair for pair in pairs if all(map(packed, pair)) and pair[0][1] not in read
+            and not all((out / f"{v}_s{s}" / "summary.json").exists() for v, s in pair)]
+    redo = [pair for pair in pairs if pair not in fresh and pair not in lost and pair[0][1] not in read]
     with ThreadPoolExecutor(args.parallel) as pool:
-        list(pool.map(run, jobs))
+        for pair in [*fresh, *redo, *lost]:
+            s = pair[0][1]
+            list(pool.map(train, pair))
+            if pair in fresh:
+                for variant, _ in pair:
+                    pack(out / f"{variant}_s{s}", raw / f"{variant}_s{s}", hard)
+            elif not all(same_metrics(out / f"{v}_s{s}", raw / f"{v}_s{s}") for v, _ in pair):
+                print(f"seed {s}: the rerun does not reproduce the packed metrics; no secondary readings", flush=True)
+                continue
+            secondary(s)
 
+
+def same_metrics(run_dir: Path, packed_dir: Path) -> bool:
+    """A rerun's ``metrics.jsonl`` equals the packed one, ``time/*`` aside (amendment 1)."""
+    def rows(lines) -> list[dict]:
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in lines if line.strip()]
+
+    with gzip.open(packed_dir / "metrics.jsonl.gz", "rt") as fh:
+        return rows((run_dir / "metrics.jsonl").read_text().splitlines()) == rows(fh)
 
 if __name__ == "__main__":
     main()
