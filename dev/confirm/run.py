@@ -14,12 +14,19 @@ readings are missing and whose run folders were lost with an earlier machine: it
 readings only, and must reproduce its packed metrics (``time/*`` aside) or it gets no readings
 (amendment 1). ``--status`` says how many runs and readings are finished, never their numbers (no
 interim looks).
+
+    python dev/confirm/run.py --code /work/confirm/code --out /work/confirm/runs --analyze
+
+runs the registered analysis once everything is packed: ``python dev/confirm/analyze.py`` with its
+defaults, exactly; its printed summary goes to ``results.txt`` and the command, the commit and the hash
+of ``results.json`` to ``analysis.json`` (``tests/test_confirm_analysis.py`` checks both).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -53,6 +60,7 @@ def main() -> None:
     ap.add_argument("--raw", default=str(HERE / "raw"), help="where finished runs are packed")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--status", action="store_true", help="how many runs are finished (no numbers)")
+    ap.add_argument("--analyze", action="store_true", help="the registered analysis, once every pair and reading is in")
     args = ap.parse_args()
     proto, code, out = protocol(), Path(args.code).resolve(), Path(args.out).resolve()
     jobs = [(variant, s) for s in seeds(proto) for variant in proto["variants"]]
@@ -66,6 +74,12 @@ def main() -> None:
     read = [s for s in seed_list if (raw / f"secondary_s{s}.json").exists()]
     if args.status:
         print(f"{len(done)} of {len(jobs)} runs finished; secondary readings for {len(read)} of {len(seed_list)} seeds")
+        return
+    if args.analyze:
+        if len(done) < len(jobs) or len(read) < len(seed_list) or raw != (HERE / "raw").resolve():
+            raise SystemExit(f"{len(done)} of {len(jobs)} runs and {len(read)} of {len(seed_list)} seeds' readings are "
+                             "in dev/confirm/raw: the analysis comes after all")
+        analyze()
         return
     out.mkdir(parents=True, exist_ok=True)
     hard = (code / proto["hard_set"]).resolve()  # the frozen commit's copy (the same bytes as this checkout's)
@@ -102,9 +116,24 @@ def main() -> None:
                 for variant, _ in pair:
                     pack(out / f"{variant}_s{s}", raw / f"{variant}_s{s}", hard)
             elif not all(same_metrics(out / f"{v}_s{s}", raw / f"{v}_s{s}") for v, _ in pair):
-                print(f"seed {s}: the rerun does not reproduce the packed metrics; no secondary readings", flush=True)
+                why = "its rerun did not reproduce the packed metrics (amendment 1)"
+                (raw / f"secondary_s{s}.json").write_text(json.dumps({"seed": s, "paired": False, "fresh_rows": [],
+                                                                      "none_because": why}, indent=1))
+                print(f"seed {s}: no secondary readings: {why}", flush=True)
                 continue
             secondary(s)
+
+
+def analyze() -> None:
+    """``python dev/confirm/analyze.py``, no arguments (the registered defaults), recorded."""
+    argv = [sys.executable, str(HERE / "analyze.py")]
+    res = subprocess.run(argv, cwd=HERE.parents[1], capture_output=True, text=True, check=True)
+    (HERE / "results.txt").write_text(res.stdout)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    (HERE / "analysis.json").write_text(json.dumps({
+        "command": "python dev/confirm/analyze.py", "arguments": argv[2:], "git_sha": sha,
+        "results_sha256": hashlib.sha256((HERE / "results.json").read_bytes()).hexdigest()}, indent=1) + "\n")
+    print(res.stdout, end="")
 
 
 def same_metrics(run_dir: Path, packed_dir: Path) -> bool:
