@@ -109,7 +109,7 @@ def main() -> None:
             and not all((out / f"{v}_s{s}" / "summary.json").exists() for v, s in pair)]
     redo = [pair for pair in pairs if pair not in fresh and pair not in lost and pair[0][1] not in read]
     with ThreadPoolExecutor(args.parallel) as pool:
-        for pair in [*fresh, *redo, *lost]:
+        for pair in [*redo, *fresh, *lost]:  # a finished pair's readings first: its run folders die with the machine
             s = pair[0][1]
             list(pool.map(train, pair))
             if pair in fresh:
