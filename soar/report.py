@@ -109,7 +109,7 @@ def draw_teacher_reward(ax, run: RunData, colors: tuple[str, str, str], prefix: 
     pieces = moving_average_segments(steps, [r.get("promotion/moving_average") for r in rows], resets)
     label = f"{prefix}moving average of the last {cfg.promotion.window} step rewards (restarts after a promotion)"
     for i, (xs, ys) in enumerate(pieces):  # markers: a piece may be a single step
-        ax.plot(xs, ys, ls="--", marker="s", markersize=3, color=colors[1], label=label if i == 0 else None)
+        ax.plot(xs, ys, ls="--", marker="s", markersize=3, color=colors[1], zorder=6, label=label if i == 0 else None)
     promoted = [p["step"] for p in run.promotions]
     for s in promoted:
         ax.axvline(s, color=colors[2], ls=":", alpha=0.7)
@@ -136,7 +136,7 @@ def reward_axes_labels(ax, cfg, title: str) -> None:
     ylabel = (f"reward: the students' gain in {REWARD_UNITS.get(cfg.inner.reward_metric, cfg.inner.reward_metric)}"
               if cfg.teacher.reward == "grounded" else f"{cfg.teacher.reward} reward")
     ax.set(xlabel="outer step", ylabel=ylabel, title=title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=1, frameon=False)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.17), ncol=1, frameon=False)
 
 
 def reward_plot(run_dir: str | Path, out: str | Path) -> Path:
@@ -169,7 +169,8 @@ def plot_training(runs: list[RunData], data: dict, out: Path) -> list[str]:
     # teacher reward, MA, tau, promotions: one panel per reward kind (grounded and intrinsic
     # rewards are on different scales and mean different things)
     kinds = sorted({run.config.teacher.reward for run in runs})
-    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 4.5), squeeze=False)
+    # taller by the legend below the axes: three lines a run
+    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 4.5 + 0.6 * len(runs)), squeeze=False)
     for i, run in enumerate(runs):
         draw_teacher_reward(axes[0][kinds.index(run.config.teacher.reward)], run, (f"C{i % 10}",) * 3, f"{run.run_id}: ")
     for kind, ax in zip(kinds, axes[0]):
