@@ -1,7 +1,8 @@
 """The pre-registered confirmation's runs (dev/confirm/PROTOCOL.md), from the frozen commit's code.
 
+    echo 0 > /proc/sys/kernel/sched_autogroup_enabled      # first: else nice does not protect the runs
     git worktree add --detach /work/confirm/code <FROZEN_COMMIT>
-    nice -n 10 python dev/confirm/run.py --code /work/confirm/code --out /work/confirm/runs     # resumable
+    nice -n 5 python dev/confirm/run.py --code /work/confirm/code --out /work/confirm/runs     # resumable
     python dev/confirm/run.py --code /work/confirm/code --out /work/confirm/runs --status      # counts only
 
 Seed by seed: a seed's Grounded-T and Base-T side by side (``--parallel`` 2, one torch thread each),
@@ -14,6 +15,9 @@ readings are missing and whose run folders were lost with an earlier machine: it
 readings only, and must reproduce its packed metrics (``time/*`` aside) or it gets no readings
 (amendment 1). ``--status`` says how many runs and readings are finished, never their numbers (no
 interim looks).
+The kernel's autogroup scheduling gives every session an equal share of the cores whatever its nice value
+(other work took 70-76 % of seed 6's time), so the runs refuse to start while it is on (``--allow-autogroup``
+overrides); other work beside them goes at nice 19.
 
     python dev/confirm/run.py --code /work/confirm/code --out /work/confirm/runs --analyze
 
@@ -60,6 +64,7 @@ def main() -> None:
     ap.add_argument("--raw", default=str(HERE / "raw"), help="where finished runs are packed")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--status", action="store_true", help="how many runs are finished (no numbers)")
+    ap.add_argument("--allow-autogroup", action="store_true", help="start even though autogroup scheduling is on")
     ap.add_argument("--analyze", action="store_true", help="the registered analysis, once every pair and reading is in")
     args = ap.parse_args()
     proto, code, out = protocol(), Path(args.code).resolve(), Path(args.out).resolve()
@@ -81,6 +86,10 @@ def main() -> None:
                              "in dev/confirm/raw: the analysis comes after all")
         analyze()
         return
+    autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if autogroup.exists() and autogroup.read_text().strip() == "1" and not args.allow_autogroup:
+        raise SystemExit(f"{autogroup} is 1: every session gets an equal share of the cores whatever its nice value, "
+                         f"so other work would slow the runs; `echo 0 > {autogroup}` first (or --allow-autogroup)")
     out.mkdir(parents=True, exist_ok=True)
     hard = (code / proto["hard_set"]).resolve()  # the frozen commit's copy (the same bytes as this checkout's)
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
