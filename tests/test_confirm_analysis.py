@@ -2,7 +2,10 @@
 ``experiment=arith_micro`` (loop.steps=6, inner.reward_metric=gold_prob as in the preset), Grounded-T and
 Base-T (teacher.frozen=true), each packed by dev/confirm/pack.py, with fresh students (soar-eval, 4 steps;
 seeds 0 and 2) and the paired reading (after_promotion.py --against); how it was made is in its README.md.
-Its numbers are checked against a computation written out here from the sample's own files."""
+Its numbers are checked against a computation written out here from the sample's own files.
+
+Here rather than beside dev/confirm: the README's test command runs tests/, and the confirmation's verdict is
+a claim the README and docs/results.md make, so its analysis is checked wherever the project's tests run."""
 
 import gzip
 import hashlib
