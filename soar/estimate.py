@@ -47,7 +47,7 @@ from omegaconf import open_dict
 
 from soar.config import ConfigError
 from soar.loop import Loop
-from soar.memory_plan import PROMPT_TOKENS, check_plan, plan, plan_report
+from soar.memory_plan import PROMPT_TOKENS, MemoryPlan, check_plan, plan, plan_report
 from soar.prepare import read_train_inputs, setup_train
 from soar.run import MetricsLogger
 from soar.stage import resolve_model_path, setup_stage
@@ -243,16 +243,16 @@ def run_estimate(cfg, calibration_steps: int = 1) -> dict:
     return result
 
 
-def run_plan(cfg, prompt_tokens: int = PROMPT_TOKENS) -> list:
-    """``soar-estimate --plan``: the memory plan of each GPU role (``soar.memory_plan``), printed; a
-    ``ConfigError`` (exit 2) naming the fields to change when a role does not fit. Runs nothing and
-    needs no GPU: only the model's ``config.json``."""
-    validate(cfg, "plan")
+def run_plan(cfg, prompt_tokens: int = PROMPT_TOKENS, stage: str = "train") -> MemoryPlan:
+    """``soar-estimate --plan [--stage S]``: the memory plan of every GPU of stage S (train | rl | eval |
+    filter; ``soar.memory_plan``), printed; a ``ConfigError`` (exit 2) naming the GPU that does not fit, by
+    how much, and the fields to change. Runs nothing and needs no GPU: only the models' ``config.json``."""
+    validate(cfg, "plan" if stage == "train" else f"plan_{stage}")
     if cfg.model.path in (None, "", "???") and not cfg.model.build:
         raise ConfigError("config error: model.path: the memory plan needs the model's config.json (a local folder)")
     resolve_model_path(cfg)
-    roles = plan(cfg, prompt_tokens=prompt_tokens)
-    print(f"memory plan of {cfg.model.path} ({cfg.model.dtype}), prompts of {prompt_tokens} tokens:")
-    print(plan_report(roles))
-    check_plan(cfg, roles=roles)
-    return roles
+    memory = plan(cfg, prompt_tokens=prompt_tokens, stage=stage)
+    print(f"memory plan of {stage} with {cfg.model.path} ({cfg.model.dtype}), prompts of {prompt_tokens} tokens:")
+    print(plan_report(memory))
+    check_plan(cfg, stage=stage, memory=memory)
+    return memory
