@@ -7,7 +7,7 @@
     soar-estimate --calibration-steps 2         # projected hours of that run, from 2 outer steps
     soar-estimate --plan experiment=paper_math model.path=DIR   # each GPU's memory, before launch
     soar-estimate --plan --stage rl experiment=band_rl model.path=DIR   # soar-rl's GPUs (also eval, filter)
-    soar-estimate --layout experiment=paper_math_lora   # a full run's GPU-hours on its layout, from stated costs
+    soar-estimate --layout experiment=paper_math_lora backend=vllm   # a run's GPU-hours on its layout, from stated costs
     soar-export runs/arith export.samples=128   # PQ + 128 fresh teacher questions + models
     soar-eval experiment=arith eval.method=pq eval.run_dir=runs/arith run.name=eval_pq_s0
     soar-report runs/arith --evals runs/eval_* --out runs/report
