@@ -126,3 +126,19 @@ def test_the_committed_layout_projection_is_what_the_script_writes(tmp_path):
     for regime in ("no_promotion", "promotions"):
         cost = {name: row[regime]["allocated_gpu_hours"] for name, row in committed["layouts"].items()}
         assert min(cost, key=cost.get) == committed["chosen"], cost
+
+
+@pytest.mark.timeout(300)
+def test_soar_estimate_layout_prints_the_projection():
+    """``soar-estimate --layout``: the same projection as benchmarks/results/layouts.json, with its inputs' sources."""
+    from pathlib import Path
+
+    from conftest import REPO, run_cli, script
+
+    res = run_cli([script("soar-estimate"), "--layout", "--promotions", "0", "experiment=paper_math_lora", "backend=vllm"],
+                  cwd=REPO, timeout=240)
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    committed = json.loads((Path(REPO) / "benchmarks" / "results" / "layouts.json").read_text())
+    chosen = committed["layouts"][committed["chosen"]]["no_promotion"]
+    assert out["allocated_gpu_hours"] == pytest.approx(chosen["allocated_gpu_hours"], abs=1e-3)
+    assert out["inputs"]["vllm_tokens_per_s"]["source"].startswith("assumed:")
