@@ -181,6 +181,18 @@ def test_the_rl_presets_fit_their_hardware():
         assert memory.gpus[-1].label == f"GPUs 1-{tp - 1} (engine shards)" and tp <= 8  # one 8-GPU node
 
 
+def test_a_local_pool_cannot_keep_the_drivers_gpu_apart(tmp_path):
+    """A local Ray pool gets every GPU, the driver's included: a config that plans with the driver's GPU apart
+    must run on a cluster that keeps it out (slurm/soar.sbatch with SOAR_DRIVER_GPUS)."""
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"id": "a", "question": "1+1", "answer": "2"}\n')
+    local = ("resources.ray_address=null", "resources.num_workers=1", "resources.gpus_per_student=0", "data=custom",
+             f"data.path={data}")
+    with pytest.raises(ConfigError, match="resources.driver_gpu_apart: a local Ray pool"):
+        soar.validate(paper(*local), "train")
+    soar.validate(paper(*local, "resources.driver_gpu_apart=false"), "train")  # the same pool sharing GPU 0: valid
+
+
 # ---- engines: sized from what their GPU leaves, and started with no more --------------------------------------
 def test_vllm_share_is_sized_from_free_memory_and_training_still_to_come():
     total = 80 * GIB
