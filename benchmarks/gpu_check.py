@@ -382,6 +382,7 @@ def layout_config(args):
     s.micro_batch_size, s.gradient_checkpointing, s.lr = args.layout_micro_batch, True, 1e-4
     s.lora = LoraConfig(r=LAYOUT["lora_r"], alpha=LAYOUT["lora_alpha"], target_modules=args.lora_targets.split(","))
     t.micro_batch_size, t.gradient_checkpointing, t.max_tokens = args.layout_teacher_micro_batch, True, args.teacher_tokens
+    t.prompt = "." * (3 * (args.teacher_prompt - 1))  # as many tokens as the measured teacher prompt, by the plan's count
     cfg.model.dtype = args.dtype
     cfg.backend.name = cfg.backend.student = cfg.backend.eval = cfg.backend.teacher = "hf"
     cfg.resources.num_workers, cfg.resources.gpus_per_student = 8, 1
