@@ -115,7 +115,10 @@ def overrides(sizes: dict, model_dir: Path, hard: Path, run_dir: Path, args, lor
            f"student.max_tokens={sizes['student_tokens']}", f"teacher.max_tokens={sizes['teacher_tokens']}",
            "teacher.warmup_steps=0", "student.skip_zero_adv=false", "teacher.skip_zero_adv=false",
            "loop.steps=200", "loop.diversity_model=null", f"student.micro_batch_size={args.micro_batch}",
-           f"teacher.micro_batch_size={args.micro_batch}", "teacher.sample_batch=0", "teacher.max_attempts_factor=1"]
+           f"teacher.micro_batch_size={args.micro_batch}", "teacher.sample_batch=0", "teacher.max_attempts_factor=1",
+           # one process: not experiment=paper's Ray cluster layout
+           "resources.num_workers=0", "resources.gpus_per_student=0", "resources.driver_gpu_apart=false",
+           "resources.ray_address=null"]
     if lora:
         out += [f"student.lora.r={args.lora_r}", f"student.lora.alpha={2 * args.lora_r}", "student.lr=1e-4",
                 f"student.lora.target_modules=[{args.lora_targets}]", f"student.lora.dropout={args.lora_dropout}",

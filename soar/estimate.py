@@ -39,16 +39,17 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from omegaconf import open_dict
 
-from soar.config import ConfigError
+from soar.config import ConfigError, resolve_backend
 from soar.loop import Loop
-from soar.memory_plan import PROMPT_TOKENS, check_plan, plan, plan_report
+from soar.memory_plan import PROMPT_TOKENS, MemoryPlan, check_plan, plan, plan_report
 from soar.prepare import read_train_inputs, setup_train
+from soar.rewards import student_tasks_per_step
 from soar.run import MetricsLogger
 from soar.stage import resolve_model_path, setup_stage
 from soar.validation import validate
@@ -184,6 +185,8 @@ class StepWork:
     baseline_eval_s: float = 0.0
     """The baseline's greedy pass over hard-train and hard-test, at the start and at each promotion
     (the driver's GPU)."""
+    baseline_qr_s: float = 0.0
+    """The baseline's greedy pass over the step's Q_R, every step (the driver's GPU, the others idle)."""
 
 
 def project_layout(work: StepWork, gpus: int, students: int, inner_steps: int, steps: int = 200,
@@ -204,6 +207,7 @@ def project_layout(work: StepWork, gpus: int, students: int, inner_steps: int, s
     per_gpu = math.ceil(students / trainers)
     timeline = [  # (phase, seconds, GPUs busy on average during it)
         ("teacher_sample", work.teacher_sample_s, 1.0),
+        ("baseline_qr", work.baseline_qr_s, 1.0),
         ("students", per_gpu * student_s, students / per_gpu),
         ("teacher_update", work.teacher_update_s, 1.0),
         ("dump", work.dump_s, 1.0),
@@ -220,6 +224,171 @@ def project_layout(work: StepWork, gpus: int, students: int, inner_steps: int, s
             "step_s": step_s, "step_busy_fraction": busy_gpu_s / (gpus * step_s),
             "wall_hours": wall_s / 3600, "allocated_gpu_hours": gpus * wall_s / 3600,
             "busy_gpu_hours": busy_run_s / 3600, "busy_fraction": busy_run_s / (gpus * wall_s)}
+
+
+@dataclass(frozen=True)
+class CostInput:
+    """One input of ``project_config``: its value and where it comes from."""
+
+    value: float
+    source: str
+    """``measured: <what, where, when>`` or ``assumed: <why>``."""
+
+
+COST_INPUTS = {
+    "train_full_s": CostInput(10.5, "measured: one full-FT inner step (8 x 32 sequences of 128 + 512 tokens, pure bf16, "
+                                    "no checkpointing, before fp32 masters existed), benchmarks/gpu_check.py on one H200, "
+                                    "2026-11-30 (docs/paper_rehearsal.md; its JSON was not committed)"),
+    "train_lora_s": CostInput(13.6, "measured: the same step with LoRA r = 16 on all 7 linear modules (fp32 adapters), "
+                                    "same run"),
+    "train_tokens": CostInput(640, "measured: tokens per sequence in those two steps (128 + 512)"),
+    "optimizer_s": CostInput(0.0, "assumed: AdamW over fp32 masters is memory-bound, ~0.1 TB per 3B step at ~4 TB/s: "
+                                  "under 0.05 s, left out"),
+    "checkpointing_full": CostInput(1.25, "assumed: one more forward per micro-batch, full FT's 8 N FLOPs a token "
+                                          "(forward 2, backward 4, reference 2) become 10 N"),
+    "checkpointing_lora": CostInput(4 / 3, "assumed: LoRA's 6 N (forward 2, activation gradients 2, reference 2) "
+                                           "become 8 N"),
+    "hf_tokens_per_s": CostInput(3060, "measured: HF generate at batch 64, same run"),
+    "vllm_tokens_per_s": CostInput(20000, "assumed: vLLM on one H100/H200 at >= 256 sequences of a 3B model (not "
+                                          "measurable on the borrowed GPU machine: its image has no vllm)"),
+    "vllm_decode_step_s": CostInput(0.006, "assumed: one vLLM decode step at small batch (3B on one GPU): the tail of "
+                                           "a batch whose longest completion runs to max_tokens"),
+    "completion_mean_tokens": CostInput(400, "assumed: mean length of a student completion that ends at EOS, on the "
+                                             "hard set (no measurement of Llama-3.2-3B-Instruct on it exists here)"),
+    "completion_capped_frac": CostInput(0.10, "assumed: share of completions cut at max_tokens; soar-filter's manifest "
+                                              "counts them (overflow) in the fail@128 run that builds the hard set"),
+    "sorted_micro_batches": CostInput(0, "assumed: 0, as built: RLOOTrainer fills micro-batches in rollout order, so "
+                                         "one cut completion pads its micro-batch to max_tokens (1: sorted by length, "
+                                         "each padded to about the mean; not built)"),
+    "prompt_tokens": CostInput(128, "assumed: a MATH prompt in the paper's template (125 Llama-3 tokens at the median)"),
+    "teacher_prompt_tokens": CostInput(160, "assumed: the paper's teacher prompt (142 tokens) and BOS, rounded up"),
+    "teacher_completion_tokens": CostInput(512, "assumed: every teacher completion runs to teacher.max_tokens"),
+    "teacher_valid_frac": CostInput(0.5, "assumed: half the teacher's completions parse into a valid pair"),
+    "push_full_s": CostInput(1.5, "assumed: an in-memory push of 3B bf16 weights (6.4 GB) into an engine"),
+    "push_lora_s": CostInput(0.1, "assumed: an adapter's push"),
+    "checkpoint_s": CostInput(0.64, "assumed: the teacher's 6.4 GB of weights copied to host memory at 10 GB/s; the "
+                                    "rest of the checkpoint is written in the background"),
+    "hard_set": CostInput(719, "measured: MATH's fail@128 hard set in the paper (Table 2: 359 + 360)"),
+    "promotions": CostInput(3, "assumed: PQ of 128-256 questions is 2-4 promotions; spaced evenly over the run"),
+}
+"""The inputs of ``project_config`` with their sources; ``soar-estimate --layout --inputs FILE`` replaces
+any of them (a JSON object of ``{"name": {"value": v, "source": "measured: ..."}}``)."""
+
+
+def read_cost_inputs(path: str | Path | None) -> dict[str, CostInput]:
+    """``COST_INPUTS`` with the entries of the JSON file ``path`` in place of theirs; each must name a known
+    input and say where its value comes from."""
+    inputs = dict(COST_INPUTS)
+    if path is None:
+        return inputs
+    try:
+        given = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"config error: --inputs: cannot read {path} ({exc})") from None
+    for name, entry in given.items():
+        if name not in COST_INPUTS:
+            raise ConfigError(f"config error: --inputs: {path}: unknown input {name!r} (one of {', '.join(COST_INPUTS)})")
+        source = entry.get("source", "") if isinstance(entry, dict) else ""
+        if not isinstance(entry, dict) or not isinstance(entry.get("value"), (int, float)) or \
+                not source.startswith(("measured:", "assumed:")):
+            raise ConfigError(f"config error: --inputs: {path}: {name} needs a number 'value' and a 'source' that "
+                              "starts with 'measured:' or 'assumed:'")
+        inputs[name] = CostInput(float(entry["value"]), source)
+    return inputs
+
+
+def generation_s(sequences: int, cap: int, mean: float, capped: float, backend: str, x: dict) -> float:
+    """Seconds of one GPU to generate ``sequences`` completions (at most ``cap`` tokens, ``mean`` on average,
+    ``capped`` of them cut at ``cap``): on vLLM the tokens at its throughput, but no less than the longest
+    completion's decode steps; on HF every sequence of a batch runs until its longest ends (to ``cap``
+    once any is cut), at HF's measured throughput."""
+    if backend == "hf":
+        return sequences * (cap if capped > 0 else mean) / x["hf_tokens_per_s"]
+    return max(sequences * mean / x["vllm_tokens_per_s"], (cap if capped > 0 else mean) * x["vllm_decode_step_s"])
+
+
+def config_step_work(cfg, inputs: dict[str, CostInput] | None = None) -> tuple[StepWork, dict]:
+    """One outer step of ``cfg`` as ``StepWork`` (one GPU's seconds per phase), from ``inputs`` (default
+    ``COST_INPUTS``), and the terms of a student's inner step. A completion is either cut at
+    ``max_tokens`` (``completion_capped_frac``) or ends at EOS after ``completion_mean_tokens``; a training
+    micro-batch of b sequences is padded to its longest: to ``max_tokens`` with probability 1 - (1 - c)^b."""
+    x = {name: entry.value for name, entry in (inputs or COST_INPUTS).items()}
+    s, t = cfg.student, cfg.teacher
+    cap, c = s.max_tokens, x["completion_capped_frac"]
+    mean = c * cap + (1 - c) * min(x["completion_mean_tokens"], cap)
+    lora = s.lora.r > 0
+    sequences = s.questions_per_step * s.group_size
+    rollouts = generation_s(sequences, cap, mean, c, resolve_backend(cfg.backend, "student"), x)
+    vllm_students = resolve_backend(cfg.backend, "student") == "vllm"
+    push = 0.0 if not vllm_students else x["push_lora_s"] if lora else x["push_full_s"]
+    uncut = (1 - c) ** s.micro_batch_size  # no completion of a micro-batch cut: padded to an EOS length
+    padded = mean if x["sorted_micro_batches"] else cap * (1 - uncut) + min(x["completion_mean_tokens"], cap) * uncut
+    step_s = x["train_lora_s"] if lora else x["train_full_s"]
+    ckpt = (x["checkpointing_lora"] if lora else x["checkpointing_full"]) if s.gradient_checkpointing else 1.0
+    train = step_s * ckpt * sequences / 256 * (x["prompt_tokens"] + padded) / x["train_tokens"] + x["optimizer_s"]
+    eval_backend = resolve_backend(cfg.backend, "eval")
+    m = cfg.inner.reward_questions
+    qr = generation_s(m, s.eval_max_tokens or cap, mean, c, eval_backend, x)
+    groups = t.groups_per_step
+    teacher_n = groups * t.datasets * t.questions_per_dataset / x["teacher_valid_frac"]
+    teacher_tokens = min(x["teacher_completion_tokens"], t.max_tokens)
+    teacher_sample = generation_s(int(teacher_n), t.max_tokens, teacher_tokens, 1.0, resolve_backend(cfg.backend, "teacher"),
+                                  x)
+    teacher_ckpt = x["checkpointing_full"] if t.gradient_checkpointing else 1.0
+    teacher_update = x["train_full_s"] * teacher_ckpt * groups * t.datasets * t.questions_per_dataset / 256 * \
+        (x["teacher_prompt_tokens"] + teacher_tokens) / x["train_tokens"]
+    hard = generation_s(int(x["hard_set"]), s.eval_max_tokens or cap, mean, c, eval_backend, x)
+    work = StepWork(student_inner_s=rollouts + push + train, student_eval_s=qr, teacher_sample_s=teacher_sample,
+                    teacher_update_s=teacher_update, checkpoint_s=x["checkpoint_s"], dump_s=0.0, baseline_eval_s=hard,
+                    baseline_qr_s=qr)
+    return work, {"rollouts_s": rollouts, "push_s": push, "train_s": train, "mean_completion_tokens": mean,
+                  "padded_micro_batch_tokens": padded}
+
+
+def layout_gpus(cfg) -> tuple[int, bool]:
+    """(GPUs a ``soar-train`` run of ``cfg`` holds, whether the driver's GPU trains students): the pool's
+    GPUs (``num_workers`` x ``gpus_per_student``, rounded up) and the driver's when kept apart; one GPU
+    for students in the driver."""
+    res = cfg.resources
+    if res.num_workers == 0 or res.gpus_per_student == 0:
+        return 1, True
+    pool = math.ceil(res.num_workers * res.gpus_per_student - 1e-9)
+    return pool + (1 if res.driver_gpu_apart else 0), not res.driver_gpu_apart
+
+
+def project_config(cfg, inputs: dict[str, CostInput] | None = None, promotions: int | None = None) -> dict:
+    """A full ``soar-train`` run of ``cfg`` on its layout (``layout_gpus``), from ``inputs``: ``promotions``
+    (default the input) evenly spaced, each adding ``inner.steps_per_promotion`` inner steps up to
+    ``inner.max_steps``, so the run is ``promotions + 1`` spans of ``project_layout``. Returns the
+    allocated GPU-hours, wall hours and busy fraction, each span's timeline and the inputs with their
+    sources."""
+    inputs = inputs or COST_INPUTS
+    promotions = int(inputs["promotions"].value if promotions is None else promotions)
+    gpus, driver_trains = layout_gpus(cfg)
+    steps, students = cfg.loop.steps, student_tasks_per_step(cfg)
+    work, inner = config_step_work(cfg, inputs)
+    spans, k = [], cfg.student.max_steps
+    bounds = [round(steps * j / (promotions + 1)) for j in range(promotions + 2)]
+    for j, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        span = project_layout(work, gpus, students, k, steps=hi - lo, promotions=1 if j == 0 else 0,
+                              driver_trains_students=driver_trains)
+        span["one_off_note"] = "the baseline's hard-set pass at the start and after the promotion that opens it"
+        spans.append({"steps": hi - lo, "K": k, "work": asdict(work), "inner": inner, **span})
+        k = min(k + cfg.inner.steps_per_promotion, cfg.inner.max_steps)
+    wall = sum(sp["wall_hours"] for sp in spans)
+    busy = sum(sp["busy_gpu_hours"] for sp in spans)
+    return {"gpus": gpus, "driver_trains_students": driver_trains, "students": students, "steps": steps,
+            "promotions": promotions, "allocated_gpu_hours": gpus * wall, "wall_hours": wall,
+            "busy_fraction": busy / (gpus * wall), "spans": spans,
+            "inputs": {name: asdict(entry) for name, entry in inputs.items()}}
+
+
+def run_layout(cfg, inputs_path: str | None = None, promotions: int | None = None) -> dict:
+    """``soar-estimate --layout [--inputs FILE] [--promotions N]``: ``project_config`` printed as JSON (no
+    run, no GPU); the memory plan must accept the layout first (``soar-estimate --plan``)."""
+    result = project_config(cfg, read_cost_inputs(inputs_path), promotions)
+    print(json.dumps(rounded(result), indent=2))
+    return result
 
 
 def estimate(cfg, calibration_steps: int = 1, run_dir: str | Path | None = None) -> dict:
@@ -243,16 +412,16 @@ def run_estimate(cfg, calibration_steps: int = 1) -> dict:
     return result
 
 
-def run_plan(cfg, prompt_tokens: int = PROMPT_TOKENS) -> list:
-    """``soar-estimate --plan``: the memory plan of each GPU role (``soar.memory_plan``), printed; a
-    ``ConfigError`` (exit 2) naming the fields to change when a role does not fit. Runs nothing and
-    needs no GPU: only the model's ``config.json``."""
-    validate(cfg, "plan")
+def run_plan(cfg, prompt_tokens: int = PROMPT_TOKENS, stage: str = "train") -> MemoryPlan:
+    """``soar-estimate --plan [--stage S]``: the memory plan of every GPU of stage S (train | rl | eval |
+    filter; ``soar.memory_plan``), printed; a ``ConfigError`` (exit 2) naming the GPU that does not fit, by
+    how much, and the fields to change. Runs nothing and needs no GPU: only the models' ``config.json``."""
+    validate(cfg, "plan" if stage == "train" else f"plan_{stage}")
     if cfg.model.path in (None, "", "???") and not cfg.model.build:
         raise ConfigError("config error: model.path: the memory plan needs the model's config.json (a local folder)")
     resolve_model_path(cfg)
-    roles = plan(cfg, prompt_tokens=prompt_tokens)
-    print(f"memory plan of {cfg.model.path} ({cfg.model.dtype}), prompts of {prompt_tokens} tokens:")
-    print(plan_report(roles))
-    check_plan(cfg, roles=roles)
-    return roles
+    memory = plan(cfg, prompt_tokens=prompt_tokens, stage=stage)
+    print(f"memory plan of {stage} with {cfg.model.path} ({cfg.model.dtype}), prompts of {prompt_tokens} tokens:")
+    print(plan_report(memory))
+    check_plan(cfg, stage=stage, memory=memory)
+    return memory

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from soar.config import ConfigError
+from soar.config import INFERENCE_METHODS, ConfigError
 from soar.data import Problem, write_jsonl
 from soar.diversity import bootstrap_vendi, load_embedder
 from soar.export import load_questions, load_teacher
@@ -45,7 +45,6 @@ from soar.worlds.base import configured_world
 
 log = logging.getLogger("soar.evaluate")
 TRAINING_METHODS = ("hard_only", "pq", "questions", "oracle")
-INFERENCE_METHODS = ("ps", "teacher", "base")
 
 
 # ---- pass@k -------------------------------------------------------------------------------------

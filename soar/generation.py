@@ -15,7 +15,7 @@ import torch
 
 from soar.config import resolve_backend  # noqa: F401  (re-exported: the backend of a role)
 from soar.data import render_prompt
-from soar.memory_plan import process_training_bytes
+from soar.memory_plan import planned_engine_bytes, process_training_bytes
 from soar.samples import Generator, Sample, SamplingParams, draw_tokens, sampling_uniforms
 from soar.tokens import encode_prompts, stop_token_ids
 from soar.vllm_backend import VLLMGenerator, engine_for, generate_together  # vllm itself is imported on first use
@@ -157,8 +157,10 @@ def make_generator(cfg, role: str, model, tokenizer, pristine: bool = False, eng
     copy; e.g. the coach's model, ``distill.coach_model``)."""
     if resolve_backend(cfg.backend, role) == "hf":
         return HFGenerator(model, tokenizer, batch_size=cfg.backend.batch_size)
-    engine = engine_for(engine_path or cfg.model.path, cfg.backend.vllm, cfg.model.max_context, cfg.seed,
-                        training_bytes=lambda: process_training_bytes(cfg))
+    path = engine_path or cfg.model.path
+    engine = engine_for(path, cfg.backend.vllm, cfg.model.max_context, cfg.seed,
+                        training_bytes=lambda: process_training_bytes(cfg),
+                        budget_bytes=lambda: planned_engine_bytes(cfg, path))
     return VLLMGenerator(engine, None if pristine else model, tokenizer)
 
 

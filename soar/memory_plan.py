@@ -1,49 +1,67 @@
-"""The memory plan: what each GPU role of a ``soar-train`` run holds at its peak, from the config and
-the model's shape alone (``AutoConfig`` and a model built on the ``meta`` device: no weights, no GPU),
-checked before launch.
+"""The memory plan: what every GPU of a stage holds at its peak, from the config and the model's shape
+alone (``AutoConfig`` and a model built on the ``meta`` device: no weights, no GPU), checked before any
+heavy work.
 
-    soar-estimate --plan experiment=paper_math model.path=DIR resources.num_workers=16 resources.gpus_per_student=1
+    soar-estimate --plan experiment=paper_math model.path=DIR               # soar-train's GPUs
+    soar-estimate --plan --stage rl experiment=band_rl model.path=DIR       # soar-rl's (also eval, filter)
 
-It runs in ``soar-train``'s validation whenever the trained models go to a GPU (``check_plan``), and
-on any machine as ``soar-estimate --plan``. A config whose role does not fit is refused with the
-role, its largest terms and the config fields that change them.
+Every stage that loads a model on a GPU runs it first (``soar.stage.setup_stage``: ``check_plan``), and
+``soar-estimate --plan`` prints it on any machine. A layout whose GPU does not fit is refused, naming the
+GPU, the processes and engines on it, by how much it is over, its largest terms and the fields that
+change them.
 
-Roles. ``driver``: the ``soar-train`` process: the baseline student, the teacher (policy, reference,
-optimiser), the in-process students when ``resources.num_workers`` is 0, and the vLLM engine of the
-roles it generates for on ``vllm``. ``student worker``: one Ray worker when ``resources.num_workers``
-> 0 with ``resources.gpus_per_student`` > 0 (a share of one GPU): its baseline copy, the student it
-trains and those it trained earlier in the step (kept until the promotion decision), and its own
-engine when students or evaluation generate on ``vllm``.
+**Processes** (``RolePlan``: one process's torch memory). ``soar-train``: the ``driver`` (the baseline
+student, the teacher with its reference and optimiser, the in-process students when
+``resources.num_workers`` is 0) and, with ``resources.gpus_per_student`` > 0, each ``student worker`` (a
+Ray worker: its baseline copy, the student it trains, those it trained earlier in the step).
+``soar-rl``: the policy trainer (policy, a full-FT reference, optimiser; an LLM coach loaded with HF).
+``soar-eval``: a fresh student's trainer, or the evaluated model. ``soar-filter``: the filtered model.
+**Engines** (``EnginePlan``): each vLLM engine is its own process with its own reservation
+(``backend.vllm.gpu_memory_utilization`` of the GPU); a ``tensor_parallel_size`` of t puts a 1/t shard
+on each of GPUs 0..t-1 of its process.
+
+**GPUs** (``GpuPlan``). Everything that shares a GPU is summed: GPU 0 holds the stage's main process,
+its engines' shards and, unless ``resources.driver_gpu_apart`` (the driver's GPU kept out of Ray's pool,
+``slurm/soar.sbatch``'s ``SOAR_DRIVER_GPUS``), as many student workers as Ray may place on one GPU
+(``1 / resources.gpus_per_student``: Ray does not know the driver uses it); every other GPU of the pool
+holds that many workers and their engines. An engine left to size itself
+(``gpu_memory_utilization`` null) is planned with what its GPU leaves: capacity, less every process
+there (with slack and context), less ``VLLM_MARGIN_GIB``, shared equally by the engines sized there;
+``soar.vllm_backend`` starts it with no more than that (``planned_engine_bytes``). An engine must hold
+its weights, ``VLLM_OVERHEAD_GIB`` and the KV cache of ``backend.batch_size`` sequences; less counts as
+that need, so its GPU fails.
 
 Terms (``model.dtype`` bytes e per value; N parameters; T trainable ones: N, or the LoRA adapters):
 weights N·e per model copy; under ``precision=mixed`` (low-precision trainable values) fp32 master
 copies 4·T, fp32 gradients 4·T and AdamW moments 8·T (16 bytes per trainable parameter), else
-gradients and moments in the trainable dtype (3 values); the teacher's reference copy (full fine-tuning
-with a KL term; a student's reference is the baseline itself; LoRA's is the base with the adapter
-off); activations at the micro-batch (``activation_bytes``); the log-prob chunk's logits
-(``soar.config.LOGITS_CHUNK_ELEMENTS``); HF generation's KV cache at ``backend.batch_size``
-sequences; the vLLM engine's reservation. Sequences are ``prompt_tokens`` (a parameter: the
-paper's prompt with MATH questions is 125 Llama-3 tokens at the median, 446 at the 99th percentile,
-1352 at most; HARP 144 / 640 / 2725) plus the role's ``max_tokens``. Phases do not overlap: a role's
-peak is what it always holds plus its largest phase. A role fits when
-``peak x (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB`` is at most ``resources.gpu_memory_gb``.
+gradients and moments in the trainable dtype (3 values); a full-FT policy's reference copy (a KL term,
+or distillation's frozen teacher; a SOAR student's reference is the baseline itself; LoRA's is the base
+with the adapter off); activations at the micro-batch (``activation_bytes``); the log-prob chunk's logits
+(``soar.config.LOGITS_CHUNK_ELEMENTS``); one layer's T x T attention scores should SDPA fall back to its
+math kernel (``sdpa_math_bytes``); HF generation's KV cache at ``backend.batch_size`` sequences.
+Sequences are ``prompt_tokens`` (a parameter: the paper's prompt with MATH questions is 125 Llama-3
+tokens at the median, 446 at the 99th percentile, 1352 at most; HARP 144 / 640 / 2725) plus the role's
+``max_tokens``. Phases do not overlap: a process's peak is what it always holds plus its largest phase,
+and it needs ``peak x (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB``.
 
 The activation count is that of transformers' Llama code in bf16 (fp32 RMSNorm inputs; SDPA saving
 q, repeated k/v, its output and log-sum-exp; the padding mask), checked against the tensors autograd
 saves on CPU (``tests/test_memory_plan.py``); GPU kernels may differ. **Not measured on a GPU**:
-``benchmarks/gpu_check.py`` prints these figures beside measured peaks when one is at hand.
+``benchmarks/gpu_check.py`` puts these figures beside measured peaks when one is at hand.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from soar.config import LOGITS_CHUNK_ELEMENTS, ConfigError, resolve_backend
+from soar.config import INFERENCE_METHODS, LOGITS_CHUNK_ELEMENTS, ConfigError, resolve_backend
 
 GIB = 2**30
 PROMPT_TOKENS = 512
@@ -53,14 +71,38 @@ DEFAULT_GPU_GIB = 79.0
 """GPU memory per device when ``resources.gpu_memory_gb`` is null and no GPU is visible: an H100 80GB
 (torch reports ~79.2 GiB)."""
 FRAGMENTATION = 0.05
-"""Allocator slack on top of the planned peak (cached, fragmented blocks)."""
+"""Allocator slack on each process's planned torch peak: what the caching allocator reserves beyond what
+tensors hold. soar launches its GPU work with ``expandable_segments`` (``use_expandable_segments``), under
+which PyTorch maps one growing virtual segment per stream and freed blocks in it merge, so a large
+request no longer needs a free segment of its own size (PyTorch DevLog, E. Yang, "When does
+fragmentation occur in the CUDA caching allocator?", 2026-06-01,
+docs.pytorch.org/devlogs/eager/2026-06-01-cuda-caching-allocator). What remains is free space held
+between live tensors and the pool of allocations under 1 MiB, which never merges with the large one
+(the same post). Neither source gives a figure for that: 5 % is assumed until
+``benchmarks/gpu_check.py``'s ``max_memory_reserved / max_memory_allocated`` (recorded for every part,
+under expandable segments) measures it."""
 CUDA_CONTEXT_GIB = 1.0
-"""Memory a CUDA process holds outside torch's allocator (context, kernels, cuBLAS workspaces)."""
+"""Memory a CUDA process holds outside torch's allocator (context, kernels, cuBLAS workspaces): assumed."""
 VLLM_OVERHEAD_GIB = 2.0
-"""vLLM engine memory beyond weights and KV cache (profiling activations, CUDA graphs): assumed, not
-measured on a GPU."""
+"""vLLM engine memory beyond weights and KV cache (profiling activations, CUDA graphs, its own
+context): assumed, not measured on a GPU (the GPU machine this project borrows has no vllm)."""
 VLLM_MARGIN_GIB = 2.0
-"""Memory left free when ``backend.vllm.gpu_memory_utilization`` is sized (``vllm_memory_fraction``)."""
+"""Memory left free on a GPU when engines size themselves (``gpu_memory_utilization`` null)."""
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+STAGES = ("train", "rl", "eval", "filter")
+"""The stages that load models on a GPU, each with its plan."""
+
+
+def use_expandable_segments() -> bool:
+    """Set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for this process and the ones it starts
+    (Ray workers, vLLM engines), unless the user set it (or ``PYTORCH_ALLOC_CONF``, its newer name):
+    ``FRAGMENTATION`` assumes it. Torch reads it when its CUDA allocator first allocates, so this runs
+    before any model is loaded; returns whether it set it."""
+    if ALLOC_CONF_ENV in os.environ or "PYTORCH_ALLOC_CONF" in os.environ:
+        return False
+    os.environ[ALLOC_CONF_ENV], os.environ[_SET_MARK] = EXPANDABLE_SEGMENTS, "1"
+    return True
 
 
 @dataclass
@@ -159,6 +201,16 @@ def generation_bytes(shape: ModelShape, e: int, batch: int, seq: int) -> int:
     return batch * seq * shape.kv_bytes_per_token(e) + 3 * batch * shape.vocab * 4
 
 
+def sdpa_math_bytes(shape: ModelShape, micro_batch: int, seq: int) -> int:
+    """One layer's attention scores should SDPA fall back to its math kernel (a mask or shape its fused
+    kernels refuse): per sequence and head a seq x seq matrix of scores, their softmax (kept for backward)
+    and its gradient, each in fp32 (torch's math path computes half-precision inputs in fp32). With
+    gradient checkpointing that is the layer being recomputed; without, a fallback would also keep every
+    layer's softmax (not counted: ``benchmarks/gpu_check.py`` records which kernel the training shapes
+    get)."""
+    return micro_batch * shape.heads * seq * seq * 12
+
+
 @dataclass
 class Term:
     what: str
@@ -173,16 +225,13 @@ class Term:
 
 @dataclass
 class RolePlan:
+    """One process's torch memory on its GPU."""
+
     name: str
-    capacity_gib: float
     held: list[Term]
     """Held throughout."""
     phases: dict[str, list[Term]]
     """Transient memory by phase (phases do not overlap)."""
-    copies: int = 1
-    """Processes sharing one GPU (``1 / resources.gpus_per_student`` workers)."""
-    engine: Term | None = None
-    """The vLLM engine's reservation (its own process and budget: no allocator slack on top)."""
 
     @property
     def peak_phase(self) -> str | None:
@@ -190,33 +239,115 @@ class RolePlan:
 
     @property
     def peak_gib(self) -> float:
-        """Planned torch allocation at the peak, engine aside (``torch.cuda.max_memory_allocated``)."""
+        """Planned torch allocation at the peak (``torch.cuda.max_memory_allocated``)."""
         phase = self.peak_phase
         return (sum(t.bytes for t in self.held) + (sum(t.bytes for t in self.phases[phase]) if phase else 0)) / GIB
 
     @property
     def needs_gib(self) -> float:
-        """GPU memory the role needs: ``copies`` x (the peak with allocator slack, the CUDA context and
-        the engine)."""
-        engine = self.engine.gib if self.engine is not None else 0.0
-        return self.copies * (self.peak_gib * (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB + engine)
+        """GPU memory the process needs: its peak with allocator slack, and its CUDA context."""
+        return self.peak_gib * (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB
+
+    def terms(self) -> list[Term]:
+        """Held terms and the peak phase's, largest first."""
+        phase = self.peak_phase
+        return sorted(self.held + (self.phases[phase] if phase else []), key=lambda t: -t.bytes)
+
+    def to_dict(self) -> dict:
+        return {"role": self.name, "peak_gib": round(self.peak_gib, 2), "needs_gib": round(self.needs_gib, 2),
+                "peak_phase": self.peak_phase, "held_gib": {t.what: round(t.gib, 3) for t in self.held},
+                "phases_gib": {p: {t.what: round(t.gib, 3) for t in terms} for p, terms in self.phases.items()}}
+
+
+@dataclass
+class EnginePlan:
+    """A vLLM engine (its own process) and its reservation on each GPU it spans."""
+
+    name: str
+    model_path: str
+    role: str
+    """The process that starts it (``RolePlan.name``)."""
+    need: Term
+    """What one shard must hold: weights / tp, ``VLLM_OVERHEAD_GIB``, the KV cache / tp."""
+    utilization: float | None
+    tensor_parallel: int = 1
+    budget_bytes: int = 0
+    """Per GPU: ``utilization`` x the GPU, or (null) what its GPU leaves (``place_engines``)."""
+
+    @property
+    def bytes(self) -> int:
+        """Its reservation per GPU: the budget, or its need when the budget is smaller (so the GPU fails)."""
+        return max(self.budget_bytes, self.need.bytes)
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+    @property
+    def fits_budget(self) -> bool:
+        return self.budget_bytes >= self.need.bytes
+
+    def describe(self) -> str:
+        shard = f", {self.tensor_parallel}-way tensor parallel" if self.tensor_parallel > 1 else ""
+        how = "sized to what the GPU leaves" if self.utilization is None else f"{self.utilization} of the GPU"
+        return (f"{self.name} ({how}: {self.budget_bytes / GIB:.1f} GiB{shard}; needs {self.need.gib:.1f}: "
+                f"{self.need.what})")
+
+
+@dataclass
+class GpuPlan:
+    """Everything one GPU (or each of ``count`` alike) holds."""
+
+    label: str
+    capacity_gib: float
+    processes: list[tuple[RolePlan, int]]
+    """(process, how many of it on this GPU)."""
+    engines: list[EnginePlan] = field(default_factory=list)
+    """Engines (or shards) on this GPU, one per process that starts one (a worker's engine counted per worker)."""
+    engine_copies: list[int] = field(default_factory=list)
+    count: int = 1
+
+    @property
+    def needs_gib(self) -> float:
+        return (sum(n * role.needs_gib for role, n in self.processes)
+                + sum(n * engine.gib for engine, n in zip(self.engines, self.engine_copies)))
 
     @property
     def fits(self) -> bool:
         return self.needs_gib <= self.capacity_gib
 
-    def terms(self) -> list[Term]:
-        """The engine, held terms and the peak phase's, largest first."""
-        phase = self.peak_phase
-        return sorted(self.held + (self.phases[phase] if phase else []) + ([self.engine] if self.engine else []),
-                      key=lambda t: -t.bytes)
+    def parts(self) -> list[tuple[str, float]]:
+        """(what, GiB) of each process and engine on it."""
+        out = [(f"{n} x {role.name}" if n > 1 else role.name, n * role.needs_gib) for role, n in self.processes]
+        return out + [(f"{n} x {engine.name}" if n > 1 else engine.name, n * engine.gib)
+                      for engine, n in zip(self.engines, self.engine_copies)]
 
     def to_dict(self) -> dict:
-        return {"role": self.name, "capacity_gib": self.capacity_gib, "copies_per_gpu": self.copies,
-                "peak_gib": round(self.peak_gib, 2), "needs_gib": round(self.needs_gib, 2), "fits": self.fits,
-                "peak_phase": self.peak_phase, "engine_gib": round(self.engine.gib, 2) if self.engine else None,
-                "held_gib": {t.what: round(t.gib, 3) for t in self.held},
-                "phases_gib": {p: {t.what: round(t.gib, 3) for t in terms} for p, terms in self.phases.items()}}
+        return {"gpu": self.label, "count": self.count, "capacity_gib": self.capacity_gib,
+                "needs_gib": round(self.needs_gib, 2), "fits": self.fits,
+                "parts_gib": {what: round(gib, 2) for what, gib in self.parts()}}
+
+
+@dataclass
+class MemoryPlan:
+    stage: str
+    roles: list[RolePlan]
+    engines: list[EnginePlan]
+    gpus: list[GpuPlan]
+
+    @property
+    def fits(self) -> bool:
+        return all(gpu.fits for gpu in self.gpus)
+
+    def role(self, name: str) -> RolePlan | None:
+        return next((r for r in self.roles if r.name == name), None)
+
+    def to_dict(self) -> dict:
+        return {"stage": self.stage, "fits": self.fits, "gpus": [g.to_dict() for g in self.gpus],
+                "roles": [r.to_dict() for r in self.roles],
+                "engines": [{"engine": e.name, "role": e.role, "model": e.model_path, "gib_per_gpu": round(e.gib, 2),
+                             "need_gib": round(e.need.gib, 2), "tensor_parallel": e.tensor_parallel}
+                            for e in self.engines]}
 
 
 def policy_terms(shape: ModelShape, p, e: int, role: str) -> tuple[list[Term], list[Term]]:
@@ -252,44 +383,51 @@ def update_terms(shape: ModelShape, p, e: int, role: str, seq: int) -> list[Term
     return [Term(f"{role} activations ({p.micro_batch_size} x {seq} tokens)",
                  activation_bytes(shape, e, p.micro_batch_size, seq, p.gradient_checkpointing, fp32_inputs),
                  (f"{role}.micro_batch_size", f"{role}.gradient_checkpointing", f"{role}.max_tokens")),
-            Term(f"{role} log-prob logits chunk", logits_chunk_bytes(shape, e, p.micro_batch_size, seq))]
-
-
-def engine_term(cfg, shape: ModelShape, e: int, gpu_gib: float, others_gib: float, seq: int) -> Term:
-    """The vLLM engine's reservation on a ``gpu_gib`` GPU: ``backend.vllm.gpu_memory_utilization`` of it,
-    or (null) what ``vllm_memory_fraction`` gives it next to ``others_gib`` of training. It must hold
-    the weights, ``VLLM_OVERHEAD_GIB`` and the KV cache of ``backend.batch_size`` sequences of ``seq``
-    tokens (no fewer than HF would batch); a smaller budget counts as that need, so the role fails."""
-    util = cfg.backend.vllm.gpu_memory_utilization
-    need = shape.params * e + VLLM_OVERHEAD_GIB * GIB + cfg.backend.batch_size * seq * shape.kv_bytes_per_token(e)
-    if util is None:
-        budget = int(vllm_memory_fraction(int(gpu_gib * GIB), int(gpu_gib * GIB), 0, int(others_gib * GIB)) * gpu_gib
-                      * GIB)
-        what = f"vLLM engine (sized to {budget / GIB:.1f} GiB; needs {need / GIB:.1f})"
-    else:
-        budget = int(util * gpu_gib * GIB)
-        what = f"vLLM engine ({util} of the GPU: {budget / GIB:.1f} GiB; needs {need / GIB:.1f})"
-    return Term(what, max(budget, int(need)), ("backend.vllm.gpu_memory_utilization", "backend.batch_size"))
+            Term(f"{role} log-prob logits chunk", logits_chunk_bytes(shape, e, p.micro_batch_size, seq)),
+            Term(f"{role} attention scores if SDPA falls back to its math kernel (one layer)",
+                 sdpa_math_bytes(shape, p.micro_batch_size, seq), (f"{role}.micro_batch_size",))]
 
 
 def _uses_vllm(cfg, roles) -> bool:
     return any(resolve_backend(cfg.backend, role) == "vllm" for role in roles)
 
 
-def plan(cfg, shape: ModelShape | None = None, prompt_tokens: int = PROMPT_TOKENS,
-         capacity_gib: float | None = None) -> list[RolePlan]:
-    """Each GPU role's plan (the driver's; a student worker's when workers have GPUs)."""
-    shape = shape or model_shape(cfg.model.path, cfg.model.trust_remote_code)
-    capacity_gib = capacity_gib or gpu_capacity_gib(cfg)
-    e = DTYPE_BYTES[cfg.model.dtype]
+def _kv_term(shape: ModelShape, e: int, batch: int, seq: int) -> Term:
+    return Term(f"KV cache ({batch} x {seq} tokens)", generation_bytes(shape, e, batch, seq), ("backend.batch_size",))
+
+
+def engine_plan(cfg, name: str, role: str, model_path: str, shape: ModelShape, e: int, seq: int,
+                tensor_parallel: int = 1) -> EnginePlan:
+    """An engine of ``model_path`` started by ``role``, holding ``backend.batch_size`` sequences of ``seq``
+    tokens (no fewer than HF would batch)."""
+    tp = max(1, tensor_parallel)
+    kv = cfg.backend.batch_size * seq * shape.kv_bytes_per_token(e)
+    need = Term(f"weights {shape.params * e / tp / GIB:.1f} + overhead {VLLM_OVERHEAD_GIB:.0f} + KV cache of "
+                f"{cfg.backend.batch_size} x {seq} tokens {kv / tp / GIB:.1f}",
+                int((shape.params * e + kv) / tp + VLLM_OVERHEAD_GIB * GIB),
+                ("backend.vllm.gpu_memory_utilization", "backend.batch_size"))
+    return EnginePlan(name, model_path, role, need, cfg.backend.vllm.gpu_memory_utilization, tp)
+
+
+def trainer_terms(shape: ModelShape, e: int, p, role: str, seq: int, reference: bool) -> tuple[list[Term], list[Term]]:
+    """One ``RLOOTrainer``'s (held, update phase): its policy, a reference copy when ``reference`` (full FT
+    only), the optimiser's held terms, then gradients, activations, logits chunk and attention reserve."""
+    weights = shape.params * e
+    held = [Term(f"{role} policy", weights + adapter_bytes(shape, p, e), (f"{role}.lora.r",))]
+    if reference and p.lora.r == 0:
+        held.append(Term(f"{role} reference copy", weights, (f"{role}.kl_coef", f"{role}.lora.r")))
+    opt_held, grads = policy_terms(shape, p, e, role)
+    return held + opt_held, grads + update_terms(shape, p, e, role, seq)
+
+
+def _train_plan(cfg, shape: ModelShape, e: int, prompt_tokens: int) -> tuple[list[RolePlan], list, list]:
+    """``soar-train``: the driver and, with GPU workers, a student worker; their engines."""
     weights = shape.params * e
     s, t, res = cfg.student, cfg.teacher, cfg.resources
     student_seq, teacher_seq = prompt_tokens + s.max_tokens, teacher_prompt_tokens(t.prompt) + t.max_tokens
     eval_seq = prompt_tokens + (s.eval_max_tokens or s.max_tokens)
     grounded = t.reward == "grounded"
-    gen_fields = ("backend.batch_size",)
 
-    # ---- the driver -----------------------------------------------------------------------------
     held = [Term("baseline student (also the students' KL reference)", weights, ()),
             Term("teacher policy", weights + adapter_bytes(shape, t, e), ("teacher.lora.r",))]
     if t.lora.r == 0 and t.kl_coef > 0:
@@ -302,44 +440,39 @@ def plan(cfg, shape: ModelShape | None = None, prompt_tokens: int = PROMPT_TOKEN
         held += teacher_held
         phases["teacher update"] = teacher_grads + update_terms(shape, t, e, "teacher", teacher_seq)
     if not _uses_vllm(cfg, ["teacher"]):
-        phases["teacher sampling (hf)"] = [Term(f"KV cache ({cfg.backend.batch_size} x {teacher_seq} tokens)",
-                                                generation_bytes(shape, e, cfg.backend.batch_size, teacher_seq),
-                                                gen_fields)]
+        phases["teacher sampling (hf)"] = [_kv_term(shape, e, cfg.backend.batch_size, teacher_seq)]
     if not _uses_vllm(cfg, ["eval"]):
-        phases["evaluation (hf)"] = [Term(f"KV cache ({cfg.backend.batch_size} x {eval_seq} tokens)",
-                                          generation_bytes(shape, e, cfg.backend.batch_size, eval_seq), gen_fields)]
+        phases["evaluation (hf)"] = [_kv_term(shape, e, cfg.backend.batch_size, eval_seq)]
     in_process = grounded and res.num_workers == 0
     if in_process:
         phases.update(_student_phases(cfg, shape, e, weights, student_seq, kept=cfg.inner.replicates + 1,
                                       lockstep=res.lockstep, where="in-process "))
-    driver = RolePlan("driver", capacity_gib, held, phases)
+    driver = RolePlan("driver", held, phases)
+    roles, engines, worker_engines = [driver], [], []
     if _uses_vllm(cfg, ["teacher", "eval"] + (["student"] if in_process else [])):
-        driver.engine = engine_term(cfg, shape, e, capacity_gib, driver.needs_gib, max(student_seq, teacher_seq))
-    roles = [driver]
-
-    # ---- a student worker -----------------------------------------------------------------------
+        engines.append(engine_plan(cfg, "driver's vLLM engine", "driver", cfg.model.path, shape, e,
+                                   max(student_seq, teacher_seq), cfg.backend.vllm.tensor_parallel_size))
     if grounded and res.num_workers > 0 and res.gpus_per_student > 0:
-        tasks = t.datasets * cfg.inner.replicates * t.groups_per_step
+        tasks = t.groups_per_step * t.datasets * cfg.inner.replicates  # the step's students
         per_worker = math.ceil(tasks / res.num_workers)
-        held = [Term("baseline student (also the KL reference)", weights, ())]
         phases = _student_phases(cfg, shape, e, weights, student_seq, kept=per_worker - 1, lockstep=False, where="")
-        copies = max(1, math.floor(1 / res.gpus_per_student)) if res.gpus_per_student < 1 else 1
-        worker = RolePlan("student worker", capacity_gib, held, phases, copies)
+        roles.append(RolePlan("student worker", [Term("baseline student (also the KL reference)", weights, ())],
+                              phases))
         if _uses_vllm(cfg, ["student", "eval"]):
-            worker.engine = engine_term(cfg, shape, e, capacity_gib / copies, worker.needs_gib / copies, student_seq)
-        roles.append(worker)
-    return roles
+            worker_engines.append(engine_plan(cfg, "worker's vLLM engine", "student worker", cfg.model.path, shape, e,
+                                              student_seq, cfg.backend.vllm.tensor_parallel_size))
+    return roles, engines, worker_engines
 
 
 def _student_phases(cfg, shape: ModelShape, e: int, weights: int, seq: int, kept: int, lockstep: bool,
                     where: str) -> dict[str, list[Term]]:
     """The phases of training students one at a time (or, ``lockstep``, all of a step's LoRA students
     together) next to ``kept`` trained students that await the promotion decision."""
-    s, t = cfg.student, cfg.teacher
+    s = cfg.student
     lora = s.lora.r > 0
     policy = adapter_bytes(shape, s, e) if lora else weights  # LoRA students share the baseline (sharing_copy)
     student_held, grads = policy_terms(shape, s, e, "student")
-    n_live = t.datasets * cfg.inner.replicates * t.groups_per_step if lockstep else 1
+    n_live = cfg.teacher.groups_per_step * cfg.teacher.datasets * cfg.inner.replicates if lockstep else 1
     live = [Term(f"{where}student{'s' if n_live > 1 else ''} in training ({n_live}, policy{'' if lora else ' copy'})",
                  n_live * policy, ("student.lora.r", "resources.num_workers"))]
     live += [Term(f"{x.what} x {n_live}" if n_live > 1 else x.what, n_live * x.bytes, x.fields) for x in student_held]
@@ -348,10 +481,141 @@ def _student_phases(cfg, shape: ModelShape, e: int, weights: int, seq: int, kept
                          ("resources.num_workers", "student.lora.r", "inner.replicates")))
     rollouts = min(cfg.backend.batch_size, s.questions_per_step * s.group_size)
     return {f"{where}student rollouts (hf)" if not _uses_vllm(cfg, ["student"]) else f"{where}student rollouts":
-            live + ([] if _uses_vllm(cfg, ["student"]) else
-                    [Term(f"KV cache ({rollouts} x {seq} tokens)", generation_bytes(shape, e, rollouts, seq),
-                          ("backend.batch_size",))]),
+            live + ([] if _uses_vllm(cfg, ["student"]) else [_kv_term(shape, e, rollouts, seq)]),
             f"{where}student update": live + grads + update_terms(shape, s, e, "student", seq)}
+
+
+def _rl_plan(cfg, shape: ModelShape, e: int, prompt_tokens: int) -> tuple[list[RolePlan], list, list]:
+    """``soar-rl``: the policy trainer (its rollouts and evaluation on hf: ``soar.rl``), and the coach of
+    distillation: loaded in the same process (``backend.coach=hf``) or a vLLM engine of its own."""
+    s, d = cfg.student, cfg.distill
+    seq = prompt_tokens + s.max_tokens
+    distilling = d.coach is not None
+    frozen_teacher = distilling and d.teacher == "frozen"
+    held, update = trainer_terms(shape, e, s, "student", seq, s.kl_coef > 0 or frozen_teacher)
+    rollouts = min(cfg.backend.batch_size, s.questions_per_step * s.group_size)
+    phases = {"rollouts (hf)": [_kv_term(shape, e, rollouts, seq)], "update": update,
+              "evaluation (hf)": [_kv_term(shape, e, cfg.backend.batch_size, prompt_tokens + (s.eval_max_tokens
+                                                                                               or s.max_tokens))]}
+    engines = []
+    if d.coach == "llm":
+        coach_cfg = d.coach_model if d.coach_model.path else cfg.model
+        coach_shape = shape if not d.coach_model.path else model_shape(coach_cfg.path, coach_cfg.trust_remote_code)
+        ce = DTYPE_BYTES[coach_cfg.dtype]
+        coach_seq = seq + d.coach_max_tokens  # the question, the rollout, the reference, then the advice
+        if _uses_vllm(cfg, ["coach"]):
+            engines.append(engine_plan(cfg, "coach's vLLM engine", "soar-rl", coach_cfg.path, coach_shape, ce, coach_seq,
+                                       cfg.backend.vllm.tensor_parallel_size))
+        else:
+            held.append(Term(f"coach model (hf, {coach_cfg.path})", coach_shape.params * ce, ("backend.coach",)))
+            phases["coach advice (hf)"] = [_kv_term(coach_shape, ce, cfg.backend.batch_size, coach_seq)]
+    return [RolePlan("soar-rl", held, phases)], engines, []
+
+
+def _eval_plan(cfg, shape: ModelShape, e: int, prompt_tokens: int) -> tuple[list[RolePlan], list, list]:
+    """``soar-eval``: a fresh student trained from the base (``soar.evaluate.train_fresh_student``: the base,
+    the policy and, full FT with a KL term, a reference copy), or one model evaluated."""
+    s = cfg.student
+    seq = prompt_tokens + s.max_tokens
+    eval_seq = prompt_tokens + (s.eval_max_tokens or s.max_tokens)
+    weights = shape.params * e
+    engines = []
+    if cfg.eval.method in INFERENCE_METHODS:
+        held, phases = [Term("evaluated model", weights, ())], {}
+    else:
+        trainer_held, update = trainer_terms(shape, e, s, "student", seq, s.kl_coef > 0)
+        held = [Term("base model", weights, ())] + trainer_held
+        phases = {"update": update}
+        if not _uses_vllm(cfg, ["student"]):
+            phases["rollouts (hf)"] = [_kv_term(shape, e, min(cfg.backend.batch_size,
+                                                               s.questions_per_step * s.group_size), seq)]
+    if _uses_vllm(cfg, ["eval"]) or (cfg.eval.method not in INFERENCE_METHODS and _uses_vllm(cfg, ["student"])):
+        engines.append(engine_plan(cfg, "vLLM engine", "soar-eval", cfg.model.path, shape, e, max(seq, eval_seq),
+                                   cfg.backend.vllm.tensor_parallel_size))
+    if not _uses_vllm(cfg, ["eval"]):
+        phases["evaluation (hf)"] = [_kv_term(shape, e, cfg.backend.batch_size, eval_seq)]
+    return [RolePlan("soar-eval", held, phases)], engines, []
+
+
+def _filter_plan(cfg, shape: ModelShape, e: int, prompt_tokens: int) -> tuple[list[RolePlan], list, list]:
+    """``soar-filter``: the model (loaded with HF by the stage) and its fail@k generation, on hf or vLLM."""
+    seq = prompt_tokens + cfg.filter.max_tokens
+    held = [Term("filtered model (hf)", shape.params * e, ())]
+    if _uses_vllm(cfg, ["filter"]):
+        engine = engine_plan(cfg, "vLLM engine", "soar-filter", cfg.model.path, shape, e, seq,
+                             cfg.backend.vllm.tensor_parallel_size)
+        return [RolePlan("soar-filter", held, {})], [engine], []
+    phases = {"fail@k generation (hf)": [_kv_term(shape, e, cfg.backend.batch_size, seq)]}
+    return [RolePlan("soar-filter", held, phases)], [], []
+
+
+_STAGE_PLANS = {"train": _train_plan, "rl": _rl_plan, "eval": _eval_plan, "filter": _filter_plan}
+
+
+def plan(cfg, shape: ModelShape | None = None, prompt_tokens: int = PROMPT_TOKENS,
+         capacity_gib: float | None = None, stage: str = "train") -> MemoryPlan:
+    """``stage``'s plan: its processes and engines, placed on GPUs (``place``)."""
+    if stage not in _STAGE_PLANS:
+        raise ConfigError(f"config error: the memory plan has no stage {stage!r}: one of {', '.join(STAGES)}")
+    shape = shape or model_shape(cfg.model.path, cfg.model.trust_remote_code)
+    capacity_gib = capacity_gib or gpu_capacity_gib(cfg)
+    roles, engines, worker_engines = _STAGE_PLANS[stage](cfg, shape, DTYPE_BYTES[cfg.model.dtype], prompt_tokens)
+    return MemoryPlan(stage, roles, engines + worker_engines, place(cfg, roles, engines, worker_engines, capacity_gib))
+
+
+def place(cfg, roles: list[RolePlan], engines: list[EnginePlan], worker_engines: list[EnginePlan],
+          capacity_gib: float) -> list[GpuPlan]:
+    """The GPUs: GPU 0 with the main process (``roles[0]``), its engines' first shards and, when the
+    driver's GPU is in Ray's pool, as many student workers as Ray may put on a GPU; the pool's other GPUs
+    with that many workers (and an engine each); the other shards of tensor-parallel engines."""
+    res = cfg.resources
+    main, workers = roles[0], roles[1] if len(roles) > 1 else None
+    gpu0 = GpuPlan("GPU 0 (the driver's)" if main.name == "driver" else f"GPU 0 ({main.name})", capacity_gib,
+                   [(main, 1)], list(engines), [1] * len(engines))
+    gpus = [gpu0]
+    if workers is not None:
+        share = res.gpus_per_student
+        per_gpu = min(res.num_workers, max(1, math.floor(1 / share + 1e-9)) if share < 1 else 1)
+        worker_gpus = math.ceil(res.num_workers / per_gpu)
+        if not res.driver_gpu_apart:
+            gpu0.processes.append((workers, per_gpu))
+            gpu0.engines += worker_engines
+            gpu0.engine_copies += [per_gpu] * len(worker_engines)
+            worker_gpus -= 1
+        if worker_gpus > 0:
+            gpus.append(GpuPlan("each student worker GPU", capacity_gib, [(workers, per_gpu)], list(worker_engines),
+                                [per_gpu] * len(worker_engines), count=worker_gpus))
+    shards = [engine for engine in engines if engine.tensor_parallel > 1]
+    if shards:
+        tp = max(engine.tensor_parallel for engine in shards)
+        if len(gpus) > 1:  # a sharded driver engine also lands on the workers' GPUs
+            gpus[1].engines += shards
+            gpus[1].engine_copies += [1] * len(shards)
+        else:
+            label = "GPU 1" if tp == 2 else f"GPUs 1-{tp - 1}"
+            gpus.append(GpuPlan(f"{label} (engine shards)", capacity_gib, [], list(shards), [1] * len(shards),
+                                count=tp - 1))
+    _size_engines(gpus, capacity_gib)
+    return gpus
+
+
+def _size_engines(gpus: list[GpuPlan], capacity_gib: float) -> None:
+    """Each engine's budget per GPU: ``gpu_memory_utilization`` x the GPU, or (null) an equal share of what
+    the processes there leave, less ``VLLM_MARGIN_GIB``; a tensor-parallel engine gets the smallest of its
+    GPUs' shares (vLLM takes one value for all of them)."""
+    capacity = capacity_gib * GIB
+    budgets: dict[int, list[int]] = {}
+    for gpu in gpus:
+        sized = sum(n for engine, n in zip(gpu.engines, gpu.engine_copies) if engine.utilization is None)
+        fixed = sum(n * int(engine.utilization * capacity) for engine, n in zip(gpu.engines, gpu.engine_copies)
+                    if engine.utilization is not None)
+        left = capacity - sum(n * role.needs_gib * GIB for role, n in gpu.processes) - fixed - VLLM_MARGIN_GIB * GIB
+        for engine in gpu.engines:
+            share = int(engine.utilization * capacity) if engine.utilization is not None else int(max(left, 0) / sized)
+            budgets.setdefault(id(engine), []).append(share)
+    for gpu in gpus:
+        for engine in gpu.engines:
+            engine.budget_bytes = min(budgets[id(engine)])
 
 
 def gpu_capacity_gib(cfg) -> float:
@@ -369,43 +633,53 @@ def vllm_memory_fraction(total_bytes: int, free_bytes: int, held_bytes: int, tra
     an engine may take when it starts, given the GPU's ``free_bytes`` now, the ``held_bytes`` this
     process's tensors hold now and the ``training_bytes`` its training needs at its peak (the memory
     plan's role peak without the engine): what is free, less what training has yet to allocate and a
-    margin. vLLM requires its share of the total to be free at start; this leaves training its part."""
+    margin. vLLM requires its share of the total to be free at start; this leaves training its part.
+    ``soar.vllm_backend`` caps it at the plan's budget (``planned_engine_bytes``): processes sharing the
+    GPU may not have allocated their part yet."""
     to_come = max(training_bytes - held_bytes, 0)
     return max(free_bytes - to_come - margin_bytes, 0) / total_bytes
 
 
 def check_plan(cfg, shape: ModelShape | None = None, prompt_tokens: int = PROMPT_TOKENS,
-               capacity_gib: float | None = None, roles: list[RolePlan] | None = None) -> list[RolePlan]:
-    """The plan (or the given ``roles``), or a ``ConfigError`` naming each role that does not fit, its
-    largest terms and the fields to change."""
-    roles = roles or plan(cfg, shape, prompt_tokens, capacity_gib)
-    over = [role for role in roles if not role.fits]
+               capacity_gib: float | None = None, stage: str = "train", memory: MemoryPlan | None = None
+               ) -> MemoryPlan:
+    """The plan (or the given ``memory``), or a ``ConfigError`` naming each GPU that does not fit: what
+    shares it, by how much it is over, its largest terms and the fields to change."""
+    memory = memory or plan(cfg, shape, prompt_tokens, capacity_gib, stage)
+    over = [gpu for gpu in memory.gpus if not gpu.fits]
     if over:
         lines = []
-        for role in over:
-            top = [term for term in role.terms() if term.bytes > 0][:5]
-            fields = list(dict.fromkeys(f for term in top for f in term.fields))
-            lines.append(f"the {role.name} needs {role.needs_gib:.1f} GiB of a {role.capacity_gib:.0f} GiB GPU at its "
-                         f"peak ({role.peak_phase or 'held'}): " + ", ".join(f"{x.what} {x.gib:.1f}" for x in top)
-                         + f"; change {', '.join(fields)}")
-        raise ConfigError("config error: the memory plan does not fit (soar-estimate --plan shows every term; "
-                          "resources.gpu_memory_gb sets the GPU size): " + "; ".join(lines))
-    return roles
+        for gpu in over:
+            parts = " + ".join(f"{what} {gib:.1f}" for what, gib in gpu.parts())
+            terms = sorted([t for role, _ in gpu.processes for t in role.terms()]
+                           + [e.need for e in gpu.engines if not e.fits_budget], key=lambda t: -t.bytes)
+            top = [t for t in terms if t.bytes > 0][:5]
+            fields = list(dict.fromkeys(f for t in top for f in t.fields))
+            lines.append(f"{gpu.label}: {parts} = {gpu.needs_gib:.1f} GiB of {gpu.capacity_gib:.0f}, over by "
+                         f"{gpu.needs_gib - gpu.capacity_gib:.1f} GiB; largest terms: "
+                         + ", ".join(f"{t.what} {t.gib:.1f}" for t in top) + f"; change {', '.join(fields)}")
+        raise ConfigError(f"config error: the {memory.stage} stage's memory plan does not fit (soar-estimate --plan "
+                          "shows every term; resources.gpu_memory_gb sets the GPU size): " + "; ".join(lines))
+    return memory
 
 
-def plan_report(roles: list[RolePlan]) -> str:
-    """The plan as text: per role its terms in GiB, its peak and what it needs."""
-    out = []
-    for role in roles:
-        share = f" ({role.copies} per GPU)" if role.copies > 1 else ""
-        out.append(f"{role.name}{share}: peak {role.peak_gib:.1f} GiB ({role.peak_phase or 'held'}), needs "
-                   f"{role.needs_gib:.1f} of {role.capacity_gib:.1f} GiB: {'fits' if role.fits else 'DOES NOT FIT'}")
-        if role.engine is not None:
-            out.append(f"  engine {role.engine.gib:7.2f}  {role.engine.what}")
+def plan_report(memory: MemoryPlan) -> str:
+    """The plan as text: each GPU's sum, then each process's terms and each engine, in GiB."""
+    out = ["| GPU | processes and engines (GiB, with slack and context) | needs | of | verdict |",
+           "|---|---|---|---|---|"]
+    for gpu in memory.gpus:
+        label = gpu.label + (f" (x{gpu.count})" if gpu.count > 1 else "")
+        parts = " + ".join(f"{what} {gib:.1f}" for what, gib in gpu.parts())
+        out.append(f"| {label} | {parts} | {gpu.needs_gib:.1f} | {gpu.capacity_gib:.0f} | "
+                   f"{'fits' if gpu.fits else f'over by {gpu.needs_gib - gpu.capacity_gib:.1f}'} |")
+    for role in memory.roles:
+        out.append(f"{role.name}: peak {role.peak_gib:.1f} GiB ({role.peak_phase or 'held'}), needs {role.needs_gib:.1f} "
+                   f"with slack {FRAGMENTATION:.0%} and context {CUDA_CONTEXT_GIB:.0f}")
         out += [f"  held   {t.gib:7.2f}  {t.what}" for t in role.held]
         for phase, terms in role.phases.items():
             out.append(f"  {phase}: {sum(t.bytes for t in terms) / GIB:.2f}")
             out += [f"         {t.gib:7.2f}  {t.what}" for t in terms]
+    out += [f"engine {e.gib:7.2f}  {e.describe()}" for e in memory.engines]
     return "\n".join(out)
 
 
@@ -421,7 +695,7 @@ def available_ram_gb() -> float | None:
 
 
 def on_gpu(cfg) -> bool:
-    """Whether ``soar-train`` would put its models on a GPU (``model.device``, else a visible GPU)."""
+    """Whether a stage would put its models on a GPU (``model.device``, else a visible GPU)."""
     device = cfg.model.device
     if device is not None:
         return str(device).startswith("cuda")
@@ -437,12 +711,53 @@ def in_ray_actor() -> bool:
     return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
+_STAGE = {"name": "train"}
+"""The stage this process set up (``soar.stage.setup_stage``: ``set_stage``): whose plan its engines follow."""
+
+
+def set_stage(stage: str) -> None:
+    if stage in STAGES:
+        _STAGE["name"] = stage
+
+
+def _process_role(cfg) -> tuple[MemoryPlan, RolePlan | None]:
+    memory = plan(cfg, stage=_STAGE["name"])
+    return memory, memory.role("student worker") if in_ray_actor() else memory.roles[0]
+
+
 def process_training_bytes(cfg) -> int:
-    """This process's planned training peak on its GPU, engine aside (bytes, with the allocator's
-    slack): a student worker's in a Ray actor, else the driver's. What a vLLM engine started here
-    must leave free (``soar.vllm_backend.gpu_memory_utilization``)."""
-    roles = {role.name: role for role in plan(cfg)}
-    role = roles.get("student worker") if in_ray_actor() else roles["driver"]
+    """This process's planned torch peak on its GPU (bytes, with the allocator's slack): a student
+    worker's in a Ray actor, else the stage's main process. What a vLLM engine started here must leave
+    free (``soar.vllm_backend.gpu_memory_utilization``)."""
+    _, role = _process_role(cfg)
+    return 0 if role is None else int(role.peak_gib * (1 + FRAGMENTATION) * GIB)
+
+
+def planned_engine_bytes(cfg, model_path: str) -> int | None:
+    """The plan's budget per GPU for the engine of ``model_path`` that this process starts; None when the
+    plan has none (the engine then follows ``vllm_memory_fraction`` alone)."""
+    memory, role = _process_role(cfg)
     if role is None:
-        return 0
-    return int((role.peak_gib * (1 + FRAGMENTATION)) * GIB)
+        return None
+    match = [e for e in memory.engines if e.role == role.name and str(e.model_path) == str(model_path)]
+    return match[0].budget_bytes if match else None
+
+
+_SET_MARK = "SOAR_SET_ALLOC_CONF"
+"""Set beside ``PYTORCH_CUDA_ALLOC_CONF`` when soar set it (inherited by the processes it starts)."""
+
+
+@contextmanager
+def engine_environment():
+    """Start a vLLM engine without the ``expandable_segments`` soar set for its own processes: vLLM
+    manages its memory inside its reservation, and vLLM engines have crashed at start with it (custom
+    all-reduce with tensor parallelism, vllm-project/vllm#42609; its memory pool for sleep mode). A
+    user's own setting is left as it is."""
+    ours = os.environ.get(_SET_MARK) == "1" and os.environ.get(ALLOC_CONF_ENV) == EXPANDABLE_SEGMENTS
+    if ours:
+        del os.environ[ALLOC_CONF_ENV]
+    try:
+        yield
+    finally:
+        if ours:
+            os.environ[ALLOC_CONF_ENV] = EXPANDABLE_SEGMENTS

@@ -111,6 +111,7 @@ RESUME_FREE_KEYS = (
     "loop.dump_every", "loop.dump_completions",  # what the step dumps show
     "resources.num_workers", "resources.threads_per_worker", "resources.engine_threads", "resources.ray_address",
     "resources.gpu_memory_gb", "resources.check_memory",  # where CPU students train (the same results) and planning
+    "resources.driver_gpu_apart",
     "backend.vllm.kv_cache_gb", "backend.vllm.gpu_memory_utilization",  # the engine's memory
     "model.path",  # compared by content instead (meta.json's model hash): a moved copy resumes
 )

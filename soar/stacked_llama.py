@@ -133,9 +133,10 @@ class StackedLlama:
         scale = d ** -0.5
         # (G·n, heads, W, d) -> (G, kv, rep·n·W, d): every query of a prompt against its keys at once
         q_prompt = q.reshape(G, n, kv, rep, W, d).permute(0, 2, 3, 1, 4, 5).reshape(G, kv, rep * n * W, d)
-        scores_p = (q_prompt @ prompt_k.transpose(-1, -2)) * scale  # (G, kv, rep·n·W, P)
+        # the softmax in float32 (as transformers' eager attention), the products in the weights' dtype
+        scores_p = (q_prompt @ prompt_k.transpose(-1, -2)).float() * scale  # (G, kv, rep·n·W, P)
         scores_p = scores_p.masked_fill(~prompt_allowed_G11P, float("-inf"))
-        scores_o = (q.reshape(G * n, kv, rep * W, d) @ own_k.transpose(-1, -2)) * scale  # (G·n, kv, rep·W, K)
+        scores_o = (q.reshape(G * n, kv, rep * W, d) @ own_k.transpose(-1, -2)).float() * scale  # (G·n, kv, rep·W, K)
         scores_o = scores_o.masked_fill(~own_allowed_B1WK.repeat(1, 1, rep, 1), float("-inf"))
         # the same layout for both: (G, kv, rep, n, W, ·)
         scores_p = scores_p.view(G, kv, rep, n, W, P)
@@ -143,10 +144,11 @@ class StackedLlama:
         top = torch.maximum(scores_p.amax(-1, keepdim=True), scores_o.amax(-1, keepdim=True)).detach()
         weights_p, weights_o = (scores_p - top).exp(), (scores_o - top).exp()
         total = weights_p.sum(-1, keepdim=True) + weights_o.sum(-1, keepdim=True)
-        out_p = weights_p.reshape(G, kv, rep * n * W, P) @ prompt_v  # (G, kv, rep·n·W, d)
-        out_o = weights_o.permute(0, 3, 1, 2, 4, 5).reshape(G * n, kv, rep * W, -1) @ own_v  # (G·n, kv, rep·W, d)
+        dtype = prompt_v.dtype
+        out_p = weights_p.reshape(G, kv, rep * n * W, P).to(dtype) @ prompt_v  # (G, kv, rep·n·W, d)
+        out_o = weights_o.permute(0, 3, 1, 2, 4, 5).reshape(G * n, kv, rep * W, -1).to(dtype) @ own_v  # (G·n, kv, rep·W, d)
         out = out_p.view(G, kv, rep, n, W, d) + out_o.view(G, n, kv, rep, W, d).permute(0, 2, 3, 1, 4, 5)
-        out = out / total
+        out = (out / total).to(dtype)
         return out.permute(0, 3, 1, 2, 4, 5).reshape(G * n, self.heads, W, d)
 
     def _decode_attention(self, q, prompt_kT, prompt_v, prompt_allowed_G11P, own_k, own_v, n: int):
@@ -158,17 +160,18 @@ class StackedLlama:
         scale = d ** -0.5
         q_rows = q.view(G * n, kv, rep, d)
         scores_p = (q_rows.view(G, n, kv, rep, d).transpose(1, 2).reshape(G, kv, n * rep, d)
-                    @ prompt_kT) * scale  # (G, kv, n·rep, P)
+                    @ prompt_kT).float() * scale  # (G, kv, n·rep, P)
         scores_p = scores_p.masked_fill(~prompt_allowed_G11P, float("-inf"))
         scores_p = scores_p.view(G, kv, n, rep, P).transpose(1, 2).reshape(G * n, kv, rep, P)
-        scores_o = (q_rows[:, :, :, None, :] * own_k[:, :, None]).sum(-1) * scale  # (G·n, kv, rep, K)
+        scores_o = (q_rows[:, :, :, None, :] * own_k[:, :, None]).float().sum(-1) * scale  # (G·n, kv, rep, K)
         top = torch.maximum(scores_p.amax(-1, keepdim=True), scores_o.amax(-1, keepdim=True))
         weights_p, weights_o = (scores_p - top).exp(), (scores_o - top).exp()
         total = weights_p.sum(-1, keepdim=True) + weights_o.sum(-1, keepdim=True)
-        out_p = weights_p.view(G, n, kv, rep, P).transpose(1, 2).reshape(G, kv, n * rep, P) @ prompt_v
+        dtype = prompt_v.dtype
+        out_p = weights_p.view(G, n, kv, rep, P).transpose(1, 2).reshape(G, kv, n * rep, P).to(dtype) @ prompt_v
         out_p = out_p.view(G, kv, n, rep, d).transpose(1, 2).reshape(G * n, kv, rep, d)
-        out_o = (weights_o[..., None] * own_v[:, :, None]).sum(-2)  # (G·n, kv, rep, d)
-        return ((out_p + out_o) / total).reshape(G * n, self.heads, 1, d)
+        out_o = (weights_o[..., None].to(dtype) * own_v[:, :, None]).sum(-2)  # (G·n, kv, rep, d)
+        return ((out_p + out_o) / total).to(dtype).reshape(G * n, self.heads, 1, d)
 
     # ---- prompts ------------------------------------------------------------------------------
     def prefill(self, params, prompt_ids_SQP, prompt_mask_SQP) -> "Prompts":

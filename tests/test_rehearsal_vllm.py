@@ -77,3 +77,20 @@ def test_paper_rehearsal_lockstep_lora_students(engine_cfg, tmp_path):
     rows = check_run(run_dir, summary)
     assert all(r["student/sync_logprob_gap_max"] < 1e-3 for r in rows)
     assert (run_dir / summary["promotions"][-1]["path"] / "adapter" / "adapter_config.json").exists()
+
+
+def test_a_vllm_coach_loads_no_hf_weights(engine_cfg, tmp_path, monkeypatch):
+    """``backend.coach=vllm`` (distill_math_8b's 70B coach): the engine serves the coach from its own copy of
+    the checkpoint and ``make_coach`` loads no HF model onto the policy's GPU; the coach still advises."""
+    from types import SimpleNamespace
+
+    import soar.coach
+
+    cfg = engine_cfg(tmp_path, "distill.coach=llm", "distill.advice_tag=null", "distill.coach_max_tokens=8")
+    assert soar.coach.resolve_backend(cfg.backend, "coach") == "vllm"
+    monkeypatch.setattr(soar.coach, "load_model", lambda model_cfg: pytest.fail(f"HF weights of {model_cfg.path} loaded"))
+    coach = soar.coach.make_coach(cfg)
+    assert coach.generator.engine.model_path == str(cfg.model.path)
+    advice = coach.advise(["What is 1 plus 2?"], ["The final answer is: \\boxed{3}."], [SimpleNamespace(correct=True)],
+                          ["3"], step=0)
+    assert len(advice) == 1 and isinstance(advice[0][0], str)

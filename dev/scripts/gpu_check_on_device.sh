@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 49 §6's GPU check (benchmarks/gpu_check.py) on one H100/H200 of the device tool, in at most 8
-# minutes: HF generation at 256 x 1024 tokens; a full fine-tuning inner step with fp32 master weights
-# and in pure bf16; LoRA with fp32 and bf16 adapters; micro-batch 8 through the chunked log-probs and
-# the full logits; the memory plan's prediction beside every measured peak. The image's torch,
-# transformers and peft are all it needs (no wheels to carry, nothing downloaded):
+# Issues 49 §6 and 57 §4: the GPU check (benchmarks/gpu_check.py) on one H100/H200 of the device tool, in at
+# most 8 minutes: full-FT and LoRA inner steps with fp32 masters and gradient checkpointing, where LoRA's step
+# time goes (reference / forward / backward / optimiser), the chosen layout's 2 LoRA students on one GPU, the
+# driver's teacher state and a student sharing one GPU, whether SDPA needs its math kernel, the chunked
+# log-probs, HF generation; every peak and reservation beside the memory plan's figure. vLLM cannot be measured
+# there (the image has no vllm). The image's torch, transformers and peft are all it needs (nothing downloaded):
 #   device run: bash dev/scripts/gpu_check_on_device.sh          (timeout_s 540; no carry)
 # It writes $OUT/gpu_check.json (benchmarks/results/gpu_check.json without $OUT) and $OUT/gpu_check.log;
 # commit the JSON as benchmarks/results/gpu_check_<h100|h200>.json. Extra arguments go to gpu_check.py

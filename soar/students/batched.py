@@ -14,7 +14,10 @@ agree with the one-by-one path to float rounding (tests/test_batched_students.py
 
 Full fine-tuning of Llama-architecture students only (``student.lora.r=0``): the g·r copies live in this
 process, so it is for models small enough that g·r copies of weights, gradients and AdamW state fit
-(the embedded world's 0.7 M-parameter model: 16 copies are 50 MB).
+(the embedded world's 0.7 M-parameter model: 16 copies are 50 MB). A bf16/fp16 stack trains through fp32
+master copies (``StackedOptimizer``), like ``RLOOTrainer``'s ``precision=mixed``. Not a path for 3B
+students: a prompt's completion tree attends densely over its nodes, (n x L)^2 scores per head at n
+samples of L tokens (32 x 1024: 10^9), where the world's answers are a few tokens long.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from soar.generation import HFGenerator, SamplingParams, finish_sample, grade_co
 from soar.models import export_policy, save_policy
 from soar.policy.rloo import weighted_rloo_loss
 from soar.policy.scores import REWARD_METRICS, gold_completion_ids
-from soar.policy.trainer import cosine_schedule, grade_rollouts, rollout_metrics
+from soar.policy.trainer import MasterWeights, cosine_schedule, grade_rollouts, rollout_metrics
 from soar.samples import sampling_uniforms
 from soar.seeding import derive_seed
 from soar.stacked_llama import CompletionTree, StackedLlama
@@ -122,6 +125,53 @@ class StackedStudent:
         pass
 
 
+class StackedOptimizer:
+    """Each stacked student's AdamW on its slice of the stack, with its own step count, after clipping its
+    gradient to ``max_grad_norm`` (as ``clip_grad_norm_``). A low-precision (bf16/fp16) stack under
+    ``precision=mixed`` steps fp32 master copies instead, its gradients accumulating into theirs in fp32
+    as backward produces them, and gets their rounding after each step (``MasterWeights``, as
+    ``RLOOTrainer``); an fp32 stack steps its own weights."""
+
+    def __init__(self, stack: StackedLlama, policy_cfg):
+        self.stack, self.cfg = stack, policy_cfg
+        self.master = MasterWeights(list(stack.params.values())) if policy_cfg.precision == "mixed" else None
+        masters = self.master.by_param() if self.master is not None else {}
+        self.weights = {name: masters.get(id(p), p) for name, p in stack.params.items()}
+        """What AdamW steps: per stacked tensor its fp32 master, or the tensor itself."""
+        self.moments = {name: (torch.zeros_like(w), torch.zeros_like(w)) for name, w in self.weights.items()}
+        self.steps = [[torch.tensor(0.0) for _ in self.weights] for _ in range(stack.copies)]  # per student, tensor
+
+    def step(self, train: list[int], lrs: list[float]) -> dict[int, float]:
+        """Per ``train`` student (at its learning rate in ``lrs``): clip and step; returns its pre-clip
+        gradient norm. Gradients are cleared."""
+        cfg, names = self.cfg, list(self.weights)
+        norms = {}
+        with torch.no_grad():
+            for s, lr in zip(train, lrs):
+                grads = [self.weights[name].grad[s] for name in names]
+                total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+                max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
+                clip = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+                for g in grads:
+                    g.mul_(clip.to(g.dtype))
+                norms[s] = total.item()
+                adamw([self.weights[name][s] for name in names], grads,
+                      [self.moments[name][0][s] for name in names], [self.moments[name][1][s] for name in names], [],
+                      self.steps[s], foreach=False, amsgrad=False, beta1=cfg.adam_betas[0],
+                      beta2=cfg.adam_betas[1], lr=lr, weight_decay=cfg.weight_decay, eps=1e-8, maximize=False)
+            for w in self.weights.values():
+                w.grad = None
+            for p in self.stack.params.values():
+                p.grad = None
+        if self.master is not None:
+            self.master.copy_to_model()
+        return norms
+
+    def close(self) -> None:
+        if self.master is not None:
+            self.master.remove()
+
+
 class BatchedStudents:
     """``resources.batched``: ``run`` trains a step's student tasks as one stacked model."""
 
@@ -143,8 +193,7 @@ class BatchedStudents:
         reference_prompts = {}
         seeds = [derive_seed(self.cfg.seed, "student", *task.key) for task in tasks]
         schedules = {k: learning_rates(scfg, k) for k in {task.inner_steps for task in tasks}}
-        adam_state = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in stack.params.items()}
-        adam_steps = [[torch.tensor(0.0) for _ in stack.params] for _ in tasks]  # per student, per tensor
+        optimizer = StackedOptimizer(stack, scfg)
         histories = [[] for _ in tasks]
         for step in range(max(task.inner_steps for task in tasks)):
             active = [s for s, task in enumerate(tasks) if step < task.inner_steps]
@@ -163,8 +212,7 @@ class BatchedStudents:
                                       [derive_seed(seeds[s], "rollout", step) for s in active], step)
             t_backward = time.perf_counter()
             trained = [s for s, r in zip(active, rollouts) if not r["skipped"]]
-            grad_norms = self._optimise(stack, adam_state, adam_steps, trained,
-                                        [schedules[tasks[s].inner_steps][step] for s in trained])
+            grad_norms = optimizer.step(trained, [schedules[tasks[s].inner_steps][step] for s in trained])
             t_end = time.perf_counter()
             share = 1.0 / len(active)
             for s, r in zip(active, rollouts):
@@ -176,6 +224,7 @@ class BatchedStudents:
                     "time/train_s": (t_end - t0 - r["sample_s"] - r["grade_s"]) * share,
                     "time/forward_backward_s": (t_backward - t0 - r["sample_s"] - r["grade_s"]) * share,
                     "time/optimizer_s": (t_end - t_backward) * share})
+        optimizer.close()
         scores = self._score(stack, [derive_seed(seed, "eval") for seed in seeds], reward_questions,
                              self.cfg.inner.reward_metric, stop_token_ids(self.tokenizer, baseline))
         results = []
@@ -263,29 +312,6 @@ class BatchedStudents:
             o["metrics"] = rollout_metrics(o["samples"], grades, rewards_QG, correct_QG, adv_QG)
             o["pg_loss"], o["kl"] = (0.0, 0.0) if o["skipped"] else (o["pg_loss"], o["kl_sum"] / max(o["tokens"], 1))
         return out
-
-    def _optimise(self, stack, adam_state, adam_steps, train, lrs) -> dict:
-        """Per ``train`` student: clip its gradient to ``max_grad_norm`` (as ``clip_grad_norm_``) and take
-        its AdamW step on its slice of the stack; returns its pre-clip gradient norm. Gradients are cleared."""
-        scfg = self.cfg.student
-        names = list(stack.params)
-        norms = {}
-        with torch.no_grad():
-            for s, lr in zip(train, lrs):
-                grads = [stack.params[name].grad[s] for name in names]
-                total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-                max_norm = scfg.max_grad_norm if scfg.max_grad_norm is not None else float("inf")
-                clip = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-                for g in grads:
-                    g.mul_(clip)
-                norms[s] = total.item()
-                adamw([stack.params[name][s] for name in names], grads,
-                      [adam_state[name][0][s] for name in names], [adam_state[name][1][s] for name in names], [],
-                      adam_steps[s], foreach=False, amsgrad=False, beta1=scfg.adam_betas[0],
-                      beta2=scfg.adam_betas[1], lr=lr, weight_decay=scfg.weight_decay, eps=1e-8, maximize=False)
-            for p in stack.params.values():
-                p.grad = None
-        return norms
 
     def score(self, model, problems, metric: str, seed: int) -> list[float]:
         """``model``'s score per problem in ``metric`` (``problem_scores``'s units, seeded ``seed`` when

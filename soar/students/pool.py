@@ -49,8 +49,10 @@ from soar.students.trainer import StudentResult
 
 log = logging.getLogger("soar.pool")
 
-FORWARDED_ENV = ("SOAR_FAULT", "SOAR_FAULT_ONCE")
-"""Fault-injection variables (``soar.faults``) the workers inherit from the driver."""
+FORWARDED_ENV = ("SOAR_FAULT", "SOAR_FAULT_ONCE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SOAR_SET_ALLOC_CONF")
+"""What the workers inherit from the driver: fault injection (``soar.faults``) and the CUDA allocator's
+settings (``soar.memory_plan.use_expandable_segments``; a cluster's workers start from ``ray start``'s
+environment, not the driver's)."""
 
 
 STARTUP_TIMEOUT_S = 300
@@ -380,13 +382,14 @@ class StudentPool:
 
 def student_executor(cfg) -> str:
     """Where a run's students train: ``pool`` (``resources.num_workers`` > 0), ``lockstep``, ``batched``
-    (``resources.batched`` with fully fine-tuned float32 students) or ``in_process`` (one by one)."""
+    (``resources.batched`` with fully fine-tuned students: float32, or bf16/fp16 with fp32 masters) or
+    ``in_process`` (one by one)."""
     r = cfg.resources
     if r.num_workers > 0:
         return "pool"
     if r.lockstep:
         return "lockstep"
-    return "batched" if r.batched and cfg.student.lora.r == 0 and cfg.model.dtype == "float32" else "in_process"
+    return "batched" if r.batched and cfg.student.lora.r == 0 else "in_process"
 
 
 def make_students(cfg, tokenizer, grader, template: str):
