@@ -51,6 +51,8 @@ from soar.memory_plan import PROMPT_TOKENS, check_plan, plan, plan_report
 from soar.prepare import read_train_inputs, setup_train
 from soar.run import MetricsLogger
 from soar.stage import resolve_model_path, setup_stage
+from soar.team.checks import validate_team
+from soar.team.plan import team_plan
 from soar.validation import validate
 
 OTHER_PHASE = "other"
@@ -248,10 +250,12 @@ def run_plan(cfg, prompt_tokens: int = PROMPT_TOKENS) -> list:
     ``ConfigError`` (exit 2) naming the fields to change when a role does not fit. Runs nothing and
     needs no GPU: only the model's ``config.json``."""
     validate(cfg, "plan")
+    if cfg.team.chain:  # a soar-team config: its own checks and plan (soar.team.plan)
+        validate_team(cfg)
     if cfg.model.path in (None, "", "???") and not cfg.model.build:
         raise ConfigError("config error: model.path: the memory plan needs the model's config.json (a local folder)")
     resolve_model_path(cfg)
-    roles = plan(cfg, prompt_tokens=prompt_tokens)
+    roles = team_plan(cfg, prompt_tokens) if cfg.team.chain else plan(cfg, prompt_tokens=prompt_tokens)
     print(f"memory plan of {cfg.model.path} ({cfg.model.dtype}), prompts of {prompt_tokens} tokens:")
     print(plan_report(roles))
     check_plan(cfg, roles=roles)
