@@ -123,3 +123,27 @@ def test_leak_check_on_team_texts():
     assert not leaks("pos 2", "0891") and not leaks("ok", "0891")
     assert leaks('{"error_type": "arithmetic", "fix": "the sum is 0891"}', "0891")
     assert leaks("FINAL: 17", "17") and not leaks('{"first_wrong_step": 17}', "17")
+
+
+def test_per_token_advantages_reach_the_loss():
+    """``RLOOTrainer.update(token_adv=...)``: a constant advantage per rollout trains exactly as ``adv_B`` does;
+    other per-token values give another update."""
+    import copy
+
+    import torch
+
+    from soar.config import StudentConfig
+    from soar.models import build_char_tokenizer, build_tiny_llama
+    from soar.policy.trainer import RLOOTrainer
+
+    tok = build_char_tokenizer()
+    base = build_tiny_llama(tok, hidden=16, layers=1, heads=2, max_positions=64, seed=3)
+    cfg = StudentConfig(lr=1e-2, kl_coef=0.0, max_steps=2)
+    prompts, completions = [tok("1+2=").input_ids] * 2, [tok("3").input_ids + [tok.eos_token_id], tok("45").input_ids]
+    params = []
+    for token_adv in (None, [[0.5, 0.5], [-1.0, -1.0]], [[0.5, -0.5], [-1.0, 1.0]]):
+        trainer = RLOOTrainer(copy.deepcopy(base), tok, None, cfg, "{question}", seed=0)
+        trainer.update(prompts, completions, torch.tensor([0.5, -1.0]), token_adv=token_adv)
+        params.append(torch.cat([p.detach().flatten() for p in trainer.model.parameters()]))
+    assert torch.allclose(params[0], params[1], atol=1e-7)
+    assert not torch.allclose(params[0], params[2], atol=1e-5)
