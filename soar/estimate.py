@@ -249,9 +249,11 @@ def run_plan(cfg, prompt_tokens: int = PROMPT_TOKENS) -> list:
     """``soar-estimate --plan``: the memory plan of each GPU role (``soar.memory_plan``), printed; a
     ``ConfigError`` (exit 2) naming the fields to change when a role does not fit. Runs nothing and
     needs no GPU: only the model's ``config.json``."""
-    validate(cfg, "plan")
     if cfg.team.chain:  # a soar-team config: its own checks and plan (soar.team.plan)
+        validate(cfg, "team_plan")
         validate_team(cfg)
+    else:
+        validate(cfg, "plan")
     if cfg.model.path in (None, "", "???") and not cfg.model.build:
         raise ConfigError("config error: model.path: the memory plan needs the model's config.json (a local folder)")
     resolve_model_path(cfg)

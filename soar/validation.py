@@ -374,6 +374,7 @@ STAGE_SECTIONS = {
     "eval": ("grader", "student"),  # fresh students; eval.* is checked by soar.evaluate.validate_eval
     "world": (),
     "plan": ("student", "teacher", "inner"),  # soar-estimate --plan: no data, nothing run, any machine
+    "team_plan": ("student",),  # soar-estimate --plan of a soar-team config (team.* by soar.team.checks)
 }
 """The config sections each stage reads, so each validates all of them (``inputs``: model + data;
 ``grader``: ``data.grader``)."""

@@ -206,7 +206,8 @@ LEARNING_STEPS = 16
 def test_the_planner_learns_from_process_rewards(tmp_path):
     """MAPPA in the micro team world, the seed as the unit: the planner's held-out accuracy (``eval/accuracy_before``,
     the digit-add tool's sum, right exactly when the planner's carries are) rises under the stand-in coach's process
-    reward over LEARNING_STEPS steps: by at least 0.1 on the mean over seeds 0-2, and in no seed does it fall."""
+    reward over LEARNING_STEPS steps: by at least 0.15 on the mean over seeds 0-2, and in no seed does it fall
+    (measured 2026-12-07: 0.333 -> 0.396, 0.875, 0.875 on 48 held-out problems)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     runs = {seed: tmp_path / f"s{seed}" for seed in (0, 1, 2)}
     extra = [f"student.max_steps={LEARNING_STEPS}", "student.questions_per_step=8", "student.group_size=2",
@@ -219,7 +220,7 @@ def test_the_planner_learns_from_process_rewards(tmp_path):
     for seed, run in runs.items():
         rows = read_metrics(run / "metrics.jsonl")
         gains[seed] = rows[-1]["eval/accuracy_before"] - rows[0]["eval/accuracy_before"]
-    assert min(gains.values()) >= 0 and sum(gains.values()) / 3 >= 0.1, gains
+    assert min(gains.values()) >= 0 and sum(gains.values()) / 3 >= 0.15, gains
 
 
 def test_pretrain_never_overwrites_a_folder_it_did_not_build(tmp_path):
