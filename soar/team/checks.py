@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import re
 
-from soar.config import ConfigError
 from soar.hydra_config import conf_dir
 from soar.team.credit import CREDITS
 from soar.team.formats import PARSERS, SCORERS, TOOLS
 from soar.team.sandbox import NETWORK_MODES
-
-
-def fail(field_name: str, message: str) -> None:
-    raise ConfigError(f"config error: {field_name}: {message}")
+from soar.validation import fail
 
 
 def validate_team(cfg) -> None:
