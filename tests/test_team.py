@@ -126,6 +126,20 @@ def test_mappa_end_to_end(tmp_path):
     assert all(e["turns"]["planner"]["score_text"].startswith("SCORE: ") for e in dump)
 
 
+def test_an_llm_coach_that_cannot_be_parsed_scores_nothing(tmp_path):
+    """The LLM process coach (the micro world model, allowed 6 tokens: one short of the shortest score it could
+    write, ``SCORE:7``, so none parses by construction): every action's score is dropped and counted, none becomes
+    a default score, and the agents train on nothing."""
+    run_cli(team_args("team_mappa_arith_micro", tmp_path / "llm", "team.scorer.kind=llm", f"team.scorer.model.path={MICRO}",
+                      "team.scorer.prompt='{question} {output} SCORE:'", "team.scorer.max_tokens=6", "student.max_steps=1",
+                      "backend.coach=hf"))
+    last = read_metrics(tmp_path / "llm" / "metrics.jsonl")[-1]
+    live = last["team/episodes"] - last["team/dropped"]
+    assert last["team/score/planner/dropped"] == last["team/score/verifier/dropped"] == live == 8
+    assert "team/score/planner/mean" not in last
+    assert last["agent/planner/actions"] == last["agent/verifier/actions"] == 0 and last["agent/planner/skipped"] == 1
+
+
 @pytest.mark.slow
 def test_resume_after_kill_matches_uninterrupted(tmp_path):
     extra = ("student.save_every=1", "team.scorer.noise=0.3")

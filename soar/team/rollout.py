@@ -21,7 +21,7 @@ from soar.config import resolve_backend
 from soar.data import Problem
 from soar.generation import make_generator
 from soar.leak import leaks
-from soar.models import check_context, load_model, load_tokenizer
+from soar.models import check_context, load_model, load_tokenizer, model_context
 from soar.samples import SamplingParams
 from soar.seeding import derive_seed
 from soar.team.episode import ChainInfo, Episode, Turn
@@ -155,13 +155,17 @@ class LLMScorer:
         if resolve_backend(cfg.backend, "coach") == "hf":  # vLLM serves its own copy: no HF weights loaded
             model = load_model(model_cfg)
             model.eval().requires_grad_(False)
-        self.cfg = cfg
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.context = model_context(model, model_cfg) if model is not None else model_cfg.max_context
+        """The coach's context to check its prompts against (None: a vLLM engine refuses what does not fit)."""
         self.generator = make_generator(cfg, "coach", model, tokenizer, pristine=True, engine_path=model_cfg.path)
 
     def score(self, calls: list[ScoreCall], seed: int) -> list[tuple[str, float | None]]:
         s = self.cfg.team.scorer
         prompts = [fill_slots(s.prompt, question=c.question, role=c.role, input=c.prompt, output=c.output,
                               reference=c.reference if c.reference is not None else s.hidden_reference) for c in calls]
+        if self.context:
+            check_context(self.tokenizer, prompts, s.max_tokens, self.context, "team.scorer.max_tokens")
         params = SamplingParams(n=1, greedy=s.temperature == 0, temperature=s.temperature or 1.0,
                                 max_tokens=s.max_tokens, seed=seed)
         outs = self.generator.generate(prompts, params) if prompts else []
