@@ -34,7 +34,7 @@ import logging
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -455,16 +455,14 @@ def role_profile(model, tok, wcfg: ArithTeamWorldConfig) -> dict[str, dict[str, 
     """Greedy accuracy of each role at each carry count (coach and reviser on the ``attempt_mix``, the reviser
     given the true critique, the verifier on the ``plan_mix``): where every role errs."""
     gen, d = HFGenerator(model, tok, batch_size=512), wcfg.digits
+    with_critique = replace(wcfg, no_critique_frac=0.0)  # the reviser always given the true critique, never "?"
     out: dict[str, dict[str, float]] = {}
     for role in ROLES:
         out[role] = {}
         for c in range(d + 1):
             rng = np.random.default_rng(derive_seed(wcfg.seed, "profile", role, c))
             pairs = [sample_pair(rng, d, c) for _ in range(wcfg.profile_per_carry)]
-            examples = [role_example(role, a, b, d, wcfg, rng) for a, b in pairs]
-            if role == "reviser":  # the true critique, never "?" (its own column of the profile would be noise)
-                examples = [(p.replace(f"<critique>{NO_CRITIQUE}</critique>", "<critique>ok</critique>"), w)
-                            for p, w in examples]
+            examples = [role_example(role, a, b, d, with_critique, rng) for a, b in pairs]
             outs = gen.generate([p for p, _ in examples], SamplingParams(greedy=True, max_tokens=2 * d + 24))
             out[role][f"c{c}"] = float(np.mean([o[0].text.strip() == w for o, (_, w) in zip(outs, examples)]))
     return out
