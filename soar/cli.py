@@ -2,6 +2,7 @@
 
     soar-filter model=out/world data=problems.jsonl filter.k=128 run.name=hard
     soar-rl model=out/world data=runs/hard/hard_train.jsonl student.max_steps=20 run.name=rl
+    soar-team experiment=team_scr_arith_micro   # a team of roles trained with RL (docs/team.md)
     soar-world pretrain
     soar-train                                  # experiment=arith: the embedded world end to end
     soar-estimate --calibration-steps 2         # projected hours of that run, from 2 outer steps
@@ -48,6 +49,7 @@ from soar.rl import run_rl
 from soar.run import RunDirError, console_above_bars, disk_full, latest_checkpoint
 from soar.rundata import RunDataError
 from soar.signals import EXIT_INTERRUPTED, EXIT_STOPPED, StoppedDuringSetup
+from soar.team.train import run_team
 from soar.vllm_backend import EngineStartError
 from soar.worlds.base import configured_world
 
@@ -155,6 +157,12 @@ def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
 
 def rl_main() -> None:
     _entry(run_rl)
+
+
+def team_main() -> None:
+    """``soar-team [overrides...]``: a chain of roles trained with RL (docs/team.md), e.g.
+    ``soar-team experiment=team_scr_arith_micro``."""
+    _entry(run_team)
 
 
 def filter_main() -> None:

@@ -545,6 +545,147 @@ class DistillConfig:
 
 
 @dataclass
+class TeamRoleConfig:
+    """One role of a team's chain (``team.roles.<name>``): a policy writing from its prompt, or a tool (no
+    weights). Its output is parsed (``parser``) and what later roles see of it fills their ``{<name>}`` slot."""
+
+    template: str = "{question}"
+    """The role's prompt: ``{question}`` and a ``{<role>}`` slot for each role of ``sees`` (filled in one pass:
+    a filled-in text is never searched for slots again, so prompts may hold literal braces such as ``\\boxed{}``)."""
+    sees: list[str] = field(default_factory=list)
+    """Earlier roles of the chain whose output this role reads (their slots in ``template``)."""
+    parser: str = "boxed_answer"
+    """The output format (``soar.team.formats.PARSERS``): ``boxed_answer`` (``\\boxed{}`` or ``FINAL: x``),
+    ``critique_json`` (recipe A's coach), or a world's (``arith_working``, ``arith_critique``, ``arith_plan``).
+    Ignored for a tool (tools return parsed output)."""
+    tool: Optional[str] = None
+    """A tool role (``soar.team.formats.TOOLS``): ``python_sandbox`` (runs the code of the roles it sees in a
+    sandboxed subprocess, ``team.sandbox``), or a world's (``digit_add``, ``arith_oracle_critique``). No weights,
+    never trained. None: a policy role."""
+    trained: bool = True
+    """Whether this role's tokens are trained (a policy role; an untrained one still writes, from its policy)."""
+    graded: bool = False
+    """Its answer is graded against the reference: the chain's first graded role is the first attempt
+    (``accuracy_before``), the last the final answer (``accuracy_after``)."""
+    max_tokens: int = 256
+    """Most tokens per completion (the rollouts' temperature is ``student.temperature``: every role of a policy
+    samples at the temperature its log-probs are scored at)."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings (EOS always stops)."""
+    leak_check: bool = False
+    """Its text must not carry the gold answer (``soar.leak.leaks``): a text that does is withheld from later
+    roles (they see ``team.no_critique_text``), its action earns 0 and is counted (``team/<role>/leaked``)."""
+    shuffle: list[str] = field(default_factory=list)
+    """Roles of ``sees`` read from another episode of the step (a seeded derangement): the shuffled-critique
+    control."""
+    oracle: bool = False
+    """Set on a tool that reads the reference answer (``arith_oracle_critique``): such a role exists only as a
+    named upper bound, and is refused without this flag."""
+    scorer_sees_reference: bool = False
+    """The process coach (``team.scorer``) gets the gold answer when it scores this role (MAPPA: the verifier
+    only)."""
+
+
+@dataclass
+class TeamScorerConfig:
+    """MAPPA's process coach: a frozen scorer of each trained action, 0-10, read by the ``process`` credit."""
+
+    kind: Optional[str] = None
+    """None: no scorer; ``llm``: ``model`` generating from ``prompt`` (a local HF or vLLM model, ``backend.coach``);
+    or a registered programmatic scorer (``soar.team.formats.SCORERS``), e.g. the embedded world's
+    ``arith_stand_in`` (a stand-in for an LLM coach, with ``noise`` and ``bias``)."""
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path=None))
+    """``kind=llm``: the coach's model (``path`` null: the policy's ``model``)."""
+    prompt: str = (
+        "You are a coach scoring one step of a team solving a math problem. Score how good the output is for "
+        "solving the problem, from 0 (useless or wrong) to 10 (right and useful). Do not restate any final "
+        "answer.\nProblem: {question}\nRole: {role}\nRole input: {input}\nRole output: {output}\n"
+        "Reference answer: {reference}\nEnd with a line SCORE: <0-10>.\n")
+    """``kind=llm``: the prompt; slots ``{question}``, ``{role}``, ``{input}`` (the role's prompt), ``{output}``
+    and ``{reference}`` (the gold answer for roles with ``scorer_sees_reference``, else ``team.scorer.hidden_reference``)."""
+    hidden_reference: str = "(not shown)"
+    """What ``{reference}`` holds when the scored role may not have the gold shown to the coach."""
+    max_tokens: int = 256
+    """``kind=llm``: most tokens per scoring completion."""
+    temperature: float = 0.0
+    """``kind=llm``: sampling temperature (0: greedy)."""
+    roles: Optional[list[str]] = None
+    """Roles scored (None: every trained role)."""
+    noise: float = 0.0
+    """Probability that a score is replaced by a uniform draw of 0-10 (seeded): a coach of controlled quality."""
+    bias: float = 0.0
+    """``arith_stand_in``: points per 10 added for each carry the scored plan claims (a coach that likes
+    carries; an exploitable bias). Refused for ``llm``."""
+
+
+@dataclass
+class SandboxConfig:
+    """The ``python_sandbox`` tool: code runs in a subprocess, ``python -I`` in its own temporary directory
+    (its cwd, ``HOME`` and ``TMPDIR``, removed after), a cleared environment, resource limits (``setrlimit``)
+    and a wall-clock kill of its process group. What is and is not guaranteed: docs/team.md, "The sandbox"."""
+
+    timeout_s: float = 10.0
+    """Wall-clock limit; the process group is killed after it."""
+    cpu_s: int = 5
+    """CPU seconds (``RLIMIT_CPU``)."""
+    memory_mb: int = 512
+    """Address space (``RLIMIT_AS``)."""
+    file_mb: int = 16
+    """Largest file it may write (``RLIMIT_FSIZE``)."""
+    max_output_chars: int = 2000
+    """Its stdout (and stderr on failure) is cut to this many characters."""
+    network: str = "auto"
+    """``namespace``: run in a new user + network namespace (``unshare -rn``: no interface but a down loopback,
+    so no network), refused where unavailable; ``auto``: that, else ``python``; ``python``: only Python's
+    ``socket`` module is disabled (not a guarantee: native code can still open sockets)."""
+
+
+@dataclass
+class TeamConfig:
+    """``soar-team``: a chain of roles trained with RL (issue 60), e.g. recipe A (solver -> coach -> reviser,
+    one shared outcome) or MAPPA (planner/solver -> tool -> verifier, per-action process rewards). The
+    optimiser, sampling temperature, problems per step (``student.questions_per_step``), episodes per problem
+    (``student.group_size``), steps and checkpoints are ``student.*``'s, as in ``soar-rl``."""
+
+    chain: list[str] = field(default_factory=list)
+    """The roles in order (names of ``roles``); empty: not a team config."""
+    roles: dict[str, TeamRoleConfig] = field(default_factory=dict)
+    """Each role's settings (``TeamRoleConfig``)."""
+    sharing: str = "shared"
+    """``shared``: every policy role is one policy (one adapter with ``student.lora.r``); ``per_role``: each
+    trained role its own (its own LoRA on one shared base with ``student.lora.r`` > 0, else its own copy)."""
+    credit: str = "shared_outcome"
+    """The credit assignment (``soar.team.credit.CREDITS``): ``shared_outcome`` (recipe A), ``outcome_only``,
+    ``process`` (MAPPA), ``coach_delta``."""
+    fix_bonus: float = 0.1
+    """``shared_outcome`` / ``coach_delta``: added to the reward when a wrong first attempt is made right."""
+    kl_reward_coef: float = 0.01
+    """``process`` / ``outcome_only``: each token's reward is ``-kl_reward_coef * (log pi - log pi_ref)`` (MAPPA:
+    0.01; the trainer's own KL loss is ``student.kl_coef``)."""
+    gamma: float = 1.0
+    """``process`` / ``outcome_only``: discount of the return-to-go within an action (MAPPA: 1)."""
+    outcome_weight: float = 0.0
+    """``process``: weight of the final answer's correctness added to each action's score/10 (process plus outcome)."""
+    coach_role: Optional[str] = None
+    """``coach_delta``: the critique role credited (its reviser is the chain's last graded role)."""
+    no_critique_text: str = "?"
+    """What a reader sees in place of a withheld critique: a leaked one, or the sibling revision without one
+    (``coach_delta``)."""
+    eval_data: list[str] = field(default_factory=list)
+    """Held-out data configs (``conf/data/<name>.yaml``) evaluated besides ``data.eval_path``, per source."""
+    eval_samples: int = 0
+    """Held-out evaluation: 0 greedy chains; n: n sampled chains per problem at ``eval_temperature``."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the evaluation when ``eval_samples`` > 0."""
+    dump_every: int = 1
+    """Write ``episodes/step_N.jsonl`` (every role's text, parse, grade, score and advantage) every N steps; 0: never."""
+    scorer: TeamScorerConfig = field(default_factory=TeamScorerConfig)
+    """MAPPA's process coach (``process`` credit)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """The ``python_sandbox`` tool's limits."""
+
+
+@dataclass
 class RunConfig:
     name: str = "default"
     """Run name; the run directory is ``runs/<name>`` unless ``run.dir`` is set."""
@@ -766,6 +907,7 @@ class SoarConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    team: TeamConfig = field(default_factory=TeamConfig)
     world: Any = None
     """The world's settings (``world=<name>``: ``conf/world/<name>.yaml``, typed by the config class
     the world registers; ``soar.worlds.base``); its ``name`` selects the ``World`` behind the ``world``

@@ -52,6 +52,8 @@ from soar.prepare import read_train_inputs, setup_train
 from soar.rewards import student_tasks_per_step
 from soar.run import MetricsLogger
 from soar.stage import resolve_model_path, setup_stage
+from soar.team.checks import validate_team
+from soar.team.plan import team_plan
 from soar.validation import validate
 
 OTHER_PHASE = "other"
@@ -414,14 +416,19 @@ def run_estimate(cfg, calibration_steps: int = 1) -> dict:
 
 def run_plan(cfg, prompt_tokens: int = PROMPT_TOKENS, stage: str = "train") -> MemoryPlan:
     """``soar-estimate --plan [--stage S]``: the memory plan of every GPU of stage S (train | rl | eval |
-    filter; ``soar.memory_plan``), printed; a ``ConfigError`` (exit 2) naming the GPU that does not fit, by
-    how much, and the fields to change. Runs nothing and needs no GPU: only the models' ``config.json``."""
-    validate(cfg, "plan" if stage == "train" else f"plan_{stage}")
+    filter; ``soar.memory_plan``), or of a ``soar-team`` config (``team.chain``: ``soar.team.plan``), printed;
+    a ``ConfigError`` (exit 2) naming the GPU that does not fit, by how much, and the fields to change. Runs
+    nothing and needs no GPU: only the models' ``config.json``."""
+    if cfg.team.chain:  # a soar-team config: its own checks and plan
+        validate(cfg, "team_plan")
+        validate_team(cfg)
+    else:
+        validate(cfg, "plan" if stage == "train" else f"plan_{stage}")
     if cfg.model.path in (None, "", "???") and not cfg.model.build:
         raise ConfigError("config error: model.path: the memory plan needs the model's config.json (a local folder)")
     resolve_model_path(cfg)
-    memory = plan(cfg, prompt_tokens=prompt_tokens, stage=stage)
-    print(f"memory plan of {stage} with {cfg.model.path} ({cfg.model.dtype}), prompts of {prompt_tokens} tokens:")
+    memory = team_plan(cfg, prompt_tokens) if cfg.team.chain else plan(cfg, prompt_tokens=prompt_tokens, stage=stage)
+    print(f"memory plan of {memory.stage} with {cfg.model.path} ({cfg.model.dtype}), prompts of {prompt_tokens} tokens:")
     print(plan_report(memory))
-    check_plan(cfg, stage=stage, memory=memory)
+    check_plan(cfg, memory=memory)
     return memory

@@ -101,7 +101,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-STAGE_COMMANDS = {"train": "soar-train", "filter": "soar-filter", "rl": "soar-rl", "eval": "soar-eval"}
+STAGE_COMMANDS = {"train": "soar-train", "filter": "soar-filter", "rl": "soar-rl", "eval": "soar-eval",
+                  "team": "soar-team"}
 """The command of each stage that owns run directories (``meta.json``'s ``stage``)."""
 
 RESUME_FREE_KEYS = (

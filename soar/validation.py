@@ -43,8 +43,8 @@ def fail(field_name: str, message: str) -> None:
 
 def validate(cfg, stage: str) -> None:
     """Check sizes, paths and resources before any heavy work: the settings every stage reads, then
-    each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world | plan
-    (or plan_rl, plan_eval, plan_filter: ``soar-estimate --plan`` of that stage).
+    each section ``stage`` uses (``STAGE_SECTIONS``). ``stage``: rl | filter | train | eval | world | team | plan
+    (or plan_rl, plan_eval, plan_filter, team_plan: ``soar-estimate --plan`` of that stage).
 
     Context-length checks need the tokenizer and live in ``soar.models.check_context``. Before the
     sections, what no section checks: unknown keys (``+promotion.taw=0.5``), non-finite numbers in any
@@ -170,7 +170,7 @@ def _validate_inputs(cfg, stage: str) -> None:
         fail("model.path", f"local path {cfg.model.path} does not exist")
     # soar-train and soar-filter may write their pool (data.build, filter.pool); soar-rl may read band files
     builds_data = ((stage == "train" and (cfg.data.build or cfg.loop.hard_set)) or (stage == "rl" and cfg.rl.bands)
-                   or (stage == "filter" and (cfg.filter.pool or cfg.data.build)))
+                   or (stage == "filter" and (cfg.filter.pool or cfg.data.build)) or (stage == "team" and cfg.data.build))
     if cfg.data.path in (None, "", "???") and not builds_data:
         fail("data.path", "is required (JSONL/parquet file, save_to_disk folder or hub id)")
     if cfg.data.path and _looks_local(cfg.data.path) and not Path(cfg.data.path).exists():
@@ -371,6 +371,7 @@ _SECTION_CHECKS = {"inputs": _validate_inputs, "grader": _validate_grader, "stud
 
 STAGE_SECTIONS = {
     "rl": ("inputs", "grader", "student", "rl", "distill"),
+    "team": ("inputs", "grader", "student"),  # soar-team; team.* is checked by soar.team.checks.validate_team
     "filter": ("inputs", "grader", "filter"),
     # soar-train builds its hard set with fail@k (filter.*) unless loop.hard_set is a finished split.
     "train": ("inputs", "grader", "student", "teacher", "inner", "promotion", "loop", "resources", "filter"),
@@ -380,6 +381,7 @@ STAGE_SECTIONS = {
     "plan_rl": ("student", "distill"),  # soar-estimate --plan --stage rl (and eval, filter)
     "plan_eval": ("student",),
     "plan_filter": ("filter",),
+    "team_plan": ("student",),  # soar-estimate --plan of a soar-team config (team.* by soar.team.checks)
 }
 """The config sections each stage reads, so each validates all of them (``inputs``: model + data;
 ``grader``: ``data.grader``)."""

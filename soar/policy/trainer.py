@@ -249,21 +249,26 @@ class RLOOTrainer:
 
     def update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], adv_B: torch.Tensor,
                sampled_logprobs: list[list[float]] | None = None,
-               teacher_prompt_ids: list[list[int] | None] | None = None) -> dict:
+               teacher_prompt_ids: list[list[int] | None] | None = None,
+               token_adv: list[list[float]] | None = None) -> dict:
         """One policy-gradient step on given rollouts and advantages (students: per-question RLOO;
         the teacher: its dataset's A_k on every rollout). Skips the optimiser step when every
         advantage is 0 and ``skip_zero_adv`` and no rollout is distilled; the schedule advances either
         way. With the engine's ``sampled_logprobs``, a mean per-token gap above ``sync_tolerance``
         raises ``SyncError``. ``teacher_prompt_ids``: per rollout, the advice-conditioned prompt the
-        distillation teacher scores the same completion under (None: that rollout is not distilled)."""
+        distillation teacher scores the same completion under (None: that rollout is not distilled).
+        ``token_adv``: per rollout, one advantage per completion token, in place of ``adv_B``'s one per rollout
+        (a team's per-token credit, ``soar.team.credit``)."""
         advised = teacher_prompt_ids is not None and any(t is not None for t in teacher_prompt_ids)
-        skipped = self.cfg.skip_zero_adv and bool((adv_B == 0).all()) and not advised
+        zero = bool((adv_B == 0).all()) if token_adv is None else all(x == 0 for v in token_adv for x in v)
+        skipped = self.cfg.skip_zero_adv and zero and not advised
         stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "distill_kl": 0.0,
                  "advised_frac": 0.0 if teacher_prompt_ids is None else
                  sum(t is not None for t in teacher_prompt_ids) / max(len(teacher_prompt_ids), 1)}
         t0 = time.perf_counter()
         if not skipped:
-            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B, sampled_logprobs, teacher_prompt_ids)
+            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B, sampled_logprobs, teacher_prompt_ids,
+                                              token_adv)
         t_backward = time.perf_counter()
         if not skipped:
             self.optimizer.step()
@@ -280,7 +285,7 @@ class RLOOTrainer:
         return stats
 
     def accumulate_gradients(self, prompt_ids, completion_ids, adv_B: torch.Tensor, sampled_logprobs=None,
-                             teacher_prompt_ids=None) -> dict:
+                             teacher_prompt_ids=None, token_adv=None) -> dict:
         """Forward/backward in micro-batches; the loss is normalised by a whole-batch constant so
         the accumulated gradient equals the full-batch gradient whatever ``micro_batch_size`` is.
         The sync check reuses the forward pass the loss needs anyway. With ``teacher_prompt_ids``, each
@@ -304,7 +309,10 @@ class RLOOTrainer:
             if sampled_logprobs is not None:  # engines return T = 1 log-probs of the sampled tokens
                 engine = pack_completion_values(prompt_ids[sl], sampled_logprobs[sl], ids.shape[1]).to(device)
                 sync_gap += ((raw_logp - engine).abs() * mask).sum().item()
-            pg_weight = rl_coef * adv_B[sl].to(device)[:, None] * mask
+            if token_adv is None:
+                pg_weight = rl_coef * adv_B[sl].to(device)[:, None] * mask
+            else:
+                pg_weight = rl_coef * pack_completion_values(prompt_ids[sl], token_adv[sl], ids.shape[1]).to(device) * mask
             if teacher_prompt_ids is not None:
                 teacher_logp, advised_mask = self.teacher_logprobs(teacher_prompt_ids[sl], completion_ids[sl],
                                                                    prompt_ids[sl], ids.shape[1])
