@@ -165,6 +165,11 @@ def test_heldout_draw_is_per_source_and_order_free():
     assert [sum(i.startswith(s) for i in held) for s in "abc"] == [3, 3, 1]  # a smaller source: all of it
     assert sorted(heldout_ids(list(reversed(probs)), 3, seed=0)) == sorted(held)
     assert heldout_ids(probs, 3, seed=1) != held
+    # proportional: a fifth of each source, so a small source keeps most of its problems in training
+    big = [Problem(f"o/{i}", "q", "1", "o") for i in range(675)] + [Problem(f"s/{i}", "q", "1", "s") for i in range(30)]
+    by_frac = heldout_ids(big, 0, seed=0, frac=0.2)
+    assert [sum(i.startswith(s) for i in by_frac) for s in "os"] == [135, 6]
+    assert sorted(heldout_ids(list(reversed(big)), 0, seed=0, frac=0.2)) == sorted(by_frac)
 
 
 @pytest.mark.skipif(not (shared_data_dir() / "NOTICE.md").exists(), reason="benchmark files not found (SOAR_DATA_DIR)")
@@ -180,5 +185,5 @@ def test_pool_of_data_configs_keeps_each_source(tmp_path):
     assert len({p.id for p in problems}) == 70 and problems[0].id == "aime24/60" and problems[0].answer == "204"
     rows = [json.loads(line) for line in (tmp_path / "pool.jsonl").read_text().splitlines()]
     assert rows[-1]["source"] == "amc23" and rows[-1]["id"].startswith("amc23/")
-    held = heldout_ids(problems, 25, cfg.seed)
-    assert [sum(i.startswith(s) for i in held) for s in ("aime24", "amc23")] == [25, 25]
+    held = heldout_ids(problems, cfg.filter.heldout_per_source, cfg.seed, cfg.filter.heldout_frac)
+    assert [sum(i.startswith(s) for i in held) for s in ("aime24", "amc23")] == [6, 8]  # a fifth of each
