@@ -170,6 +170,18 @@ def test_heldout_draw_is_per_source_and_order_free():
     by_frac = heldout_ids(big, 0, seed=0, frac=0.2)
     assert [sum(i.startswith(s) for i in by_frac) for s in "os"] == [135, 6]
     assert sorted(heldout_ids(list(reversed(big)), 0, seed=0, frac=0.2)) == sorted(by_frac)
+    assert set(by_frac) < set(heldout_ids(big, 0, seed=0, frac=0.3))  # a larger fraction extends the same draw
+
+
+def test_heldout_frac_that_rounds_to_nothing_warns(caplog):
+    from soar.data import Problem
+    from soar.filters.failk import heldout_ids
+
+    probs = [Problem(f"o/{i}", "q", "1", "o") for i in range(50)] + [Problem(f"s/{i}", "q", "1", "s") for i in range(2)]
+    with caplog.at_level("WARNING", logger="soar.filters"):
+        held = heldout_ids(probs, 0, seed=0, frac=0.2)
+    assert len(held) == 10 and not any(i.startswith("s/") for i in held)
+    assert "'s' has 2 problems, none held out (filter.heldout_frac=0.2 rounds to 0)" in caplog.text
 
 
 @pytest.mark.skipif(not (shared_data_dir() / "NOTICE.md").exists(), reason="benchmark files not found (SOAR_DATA_DIR)")

@@ -6,7 +6,8 @@ tokens, the student prompt), split 50/50 into hard train/test.
 Writes to the run dir: ``manifest.jsonl`` (append-only, one row per problem, resumable),
 ``hard_set/`` (``datasets.save_to_disk``), ``hard_train.jsonl``, ``hard_test.jsonl``, ``summary.json``,
 and every band's problems (``write_bands``): ``bands/{all_zero,mixed,all_one,heldout}.jsonl`` and
-``bands/dataset/`` (one split each), with ``filter.heldout_per_source`` problems per source held out.
+``bands/dataset/`` (one split each), with ``filter.heldout_per_source`` problems per source (or
+``filter.heldout_frac`` of each source) held out.
 """
 
 from __future__ import annotations
@@ -276,8 +277,11 @@ def heldout_ids(problems, per_source: int, seed: int, frac: float = 0.0) -> list
     out = []
     for src, ids in sorted(by_source.items()):
         n = int(round(frac * len(ids))) if frac else per_source
+        asked = f"filter.heldout_frac={frac}" if frac else f"filter.heldout_per_source={per_source}"
         if len(ids) <= n:
-            log.warning("source %r has %d problems, all held out (filter.heldout_per_source=%d)", src, len(ids), per_source)
+            log.warning("source %r has %d problems, all held out (%s)", src, len(ids), asked)
+        elif n == 0:  # a proportional draw that rounds to nothing: the source is never evaluated
+            log.warning("source %r has %d problems, none held out (%s rounds to 0)", src, len(ids), asked)
         ordered = sorted(ids)
         perm = np.random.default_rng(derive_seed(seed, "heldout", src)).permutation(len(ordered))
         out += [ordered[i] for i in sorted(perm[:n])]

@@ -197,7 +197,12 @@ def completion_text(answer: str) -> str:
 
 
 def carry_plan(a: int, b: int, digits: int) -> str:
-    return "carries " + "".join(map(str, carry_bits(a, b, digits)))
+    return plan_text(carry_bits(a, b, digits))
+
+
+def plan_text(bits: list[int]) -> str:
+    """Carry bits as the teacher role writes them: ``carries 0110...``, least significant first."""
+    return "carries " + "".join(map(str, bits))
 
 
 def inverse_plan(a: int, b: int, digits: int) -> str:
@@ -474,7 +479,7 @@ def carry_advice(question: str, noise: float = 0.0, rng: np.random.Generator | N
     if noise > 0:
         flips = rng.random(len(bits)) < noise
         bits = [b ^ int(f) for b, f in zip(bits, flips)]
-    return "carries " + "".join(map(str, bits))
+    return plan_text(bits)
 
 
 @register_world
