@@ -83,6 +83,8 @@ def write_band_arm(raw: Path, arm: str, seed: int, start: float, end: float, rea
     folder.mkdir(parents=True)
     rows = [{"step": 0, "eval/accuracy": start}, {"step": readout // 2, "eval/accuracy": (start + end) / 2},
             {"step": readout, "eval/accuracy": end}]
+    for r in rows:  # the held-out mixed problems: twice the gain of the whole held-out set
+        r["eval/accuracy/band/mixed"] = 2 * r["eval/accuracy"]
     with gzip.open(folder / "metrics.jsonl.gz", "wt") as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "bands_summary.json").write_text(json.dumps({"band_files": {n: {"problems": 10} for n in
@@ -112,6 +114,8 @@ def test_band_rl_analysis(tmp_path):
     assert (res["primary"]["mean"], res["primary"]["se"], res["primary"]["p"]) == pytest.approx((mean, se, p))
     assert res["arms"]["all"]["gain"]["mean"] == pytest.approx(np.mean([end["all"][s] - start[s] for s in seeds]))
     assert res["arms"]["all"]["train_problems"]["mean"] == 30
+    assert res["arms"]["mixed"]["gain_by_band"]["mixed"]["mean"] == pytest.approx(
+        2 * np.mean([end["mixed"][s] - start[s] for s in seeds]))
 
     write_band_arm(tmp_path / "short", "mixed", seeds[0], 0.1, 0.2, step - 10)  # no evaluation at the read-out step
     for a in arms:
