@@ -433,6 +433,7 @@ def learning_runs(args_of, seeds, tmp_path, timeout=900) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # three runs side by side, each allowed 900 s
 def test_distilled_student_gains_on_heldout_sums_over_seeds(tmp_path):
     """Pure distillation (distill.rl_coef=0: no reward at all) from the world coach's reference-free advice
     raises the student's sampled accuracy on held-out sums, the seed as the unit: over seeds 0-2 the mean

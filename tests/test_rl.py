@@ -161,6 +161,7 @@ def test_random_subset_is_seeded_and_bounded():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # its three runs wait up to 900 s (and the filter up to 600)
 def test_band_rl_gains_on_heldout_over_seeds(tmp_path):
     """RL on the mixed band (experiment=band_rl_arith's recipe: k = 8 bands, groups of 16, the format penalty)
     raises sampled accuracy on held-out problems of the same pool, the seed as the unit: over seeds 0-2 the
