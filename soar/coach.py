@@ -1,7 +1,8 @@
 """The coach role of coach-guided on-policy context distillation (``distill.*``, issue 53 B): for each of
-the policy's rollouts a coach reads the question, the rollout, its grade and the reference answer and
-writes short, transferable advice; the advice-conditioned teacher prompt (``distill.advice_template``) is
-what the distillation teacher scores the rollout under (``soar.policy.trainer.RLOOTrainer``).
+the policy's rollouts a coach reads the question, the rollout and its grade, never the reference answer
+(unless ``distill.coach_sees_reference``, the oracle upper bound), and writes short, transferable advice;
+the advice-conditioned teacher prompt (``distill.advice_template``) is what the distillation teacher scores
+the rollout under (``soar.policy.trainer.RLOOTrainer``).
 
 Two coaches:
 
@@ -9,13 +10,15 @@ Two coaches:
   model) generating from ``distill.coach_prompt`` through the coach role's backend (``backend.coach``: hf
   or vllm). Its completion is untrusted model text, parsed like the teacher's (``parse_advice``): the advice
   tag opened and closed, no control characters or lone surrogates (the teacher parser's rule), not empty,
-  at most ``distill.max_advice_chars``; a rejection leaves that rollout undistilled and is counted
-  (``coach/reject/<reason>``).
-- ``WorldCoach`` (``distill.coach=world``): the configured world's programmatic oracle
-  (``World.coach_advice``). In the embedded world it derives the carry positions from the question and
-  the reference answer and writes them as advice: a stand-in for an LLM coach, not one.
+  at most ``distill.max_advice_chars``.
+- ``WorldCoach`` (``distill.coach=world``): the configured world's programmatic coach
+  (``World.coach_advice``), computed from the question (and the attempt, where the world reads it) with
+  ``distill.coach_noise``. In the embedded world it computes the question's carry positions from its addends
+  and writes them as advice: a stand-in for an LLM coach, not one.
 
-``Advisor`` ties a coach to the trainer and writes each step's advice to ``advice/step_N.jsonl``.
+``Advisor`` ties a coach to the trainer: every advice that carries the gold answer (``soar.leak.leaks``) is
+refused, like any other rejected text (that rollout is not distilled, ``coach/reject/<reason>`` counts it),
+and each step's advice goes to ``advice/step_N.jsonl``.
 """
 
 from __future__ import annotations
@@ -25,18 +28,22 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from soar.config import resolve_backend
 from soar.data import UNSAFE_CHARACTERS
 from soar.generation import make_generator
+from soar.leak import leaks
 from soar.models import load_model, load_tokenizer
 from soar.samples import SamplingParams
 from soar.seeding import derive_seed
 from soar.teachers.parse import Reject
 from soar.worlds.base import configured_world
 
-ADVICE_REJECT_REASONS = ("no_tags", "empty", "bad_characters", "too_long", "no_advice")
+ADVICE_REJECT_REASONS = ("no_tags", "empty", "bad_characters", "too_long", "no_advice", "leak")
 """Why a coach's text is not used (``coach/reject/<reason>``); ``no_advice``: a programmatic coach had
-none for the question (not one of its world's)."""
+none for the question (not one of its world's); ``leak``: the advice carries the gold answer
+(``soar.leak.leaks``)."""
 
 
 @dataclass(frozen=True)
@@ -77,12 +84,15 @@ def fill_slots(template: str, **slots: str) -> str:
 
 
 def grade_word(grade) -> str:
-    return "correct" if grade.correct else "incorrect"
+    """The coach prompt's ``{grade}``: ``correct`` / ``incorrect``, or ``not attempted`` (None: the coach
+    advises before an attempt, ``distill.objective=sft``)."""
+    return "not attempted" if grade is None else "correct" if grade.correct else "incorrect"
 
 
 class LLMCoach:
     """A causal LM writing advice from ``distill.coach_prompt``; one completion per rollout, sampled at
-    ``distill.coach_temperature`` with a seed derived from the run seed and the step."""
+    ``distill.coach_temperature`` with a seed derived from the run seed and the step. The prompt's
+    ``{reference}`` slot is filled only for the oracle (``distill.coach_sees_reference``)."""
 
     def __init__(self, cfg, model, tokenizer):
         self.cfg, self.tokenizer = cfg, tokenizer
@@ -92,7 +102,8 @@ class LLMCoach:
     def advise(self, questions: list[str], responses: list[str], grades, references: list[str], step: int
                ) -> list[tuple[str, Advice | Reject]]:
         d = self.cfg.distill
-        prompts = [fill_slots(d.coach_prompt, question=q, response=r, grade=grade_word(g), reference=a)
+        prompts = [fill_slots(d.coach_prompt, question=q, response=r, grade=grade_word(g),
+                              **({"reference": a} if d.coach_sees_reference else {}))
                    for q, r, g, a in zip(questions, responses, grades, references)]
         params = SamplingParams(n=1, greedy=d.coach_temperature == 0, temperature=d.coach_temperature or 1.0,
                                 max_tokens=d.coach_max_tokens, seed=derive_seed(self.cfg.seed, "coach", step))
@@ -101,17 +112,21 @@ class LLMCoach:
 
 
 class WorldCoach:
-    """The configured world's programmatic coach (``World.coach_advice``): a stand-in for an LLM coach."""
+    """The configured world's programmatic coach (``World.coach_advice``): a stand-in for an LLM coach,
+    reading the question and the attempt, never the reference; its ``distill.coach_noise`` draws come from
+    the run seed and the step."""
 
     def __init__(self, cfg):
         self.cfg, self.world = cfg, configured_world(cfg)
 
     def advise(self, questions, responses, grades, references, step) -> list[tuple[str, Advice | Reject]]:
+        d = self.cfg.distill
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, "coach", step))
         out = []
-        for q, a in zip(questions, references):
-            text = self.world.coach_advice(self.cfg, q, a)
+        for q, r in zip(questions, responses):
+            text = self.world.coach_advice(self.cfg, q, r, d.coach_noise, rng)
             out.append(("" if text is None else text,
-                        Reject("no_advice") if text is None else check_advice(text, self.cfg.distill.max_advice_chars)))
+                        Reject("no_advice") if text is None else check_advice(text, d.max_advice_chars)))
         return out
 
 
@@ -131,16 +146,30 @@ def make_coach(cfg):
 
 class Advisor:
     """The trainer's ``advisor``: per rollout, the coach's advice and the teacher prompt it conditions
-    (``distill.advice_template``), its metrics (``coach/*``), and the step's advice dump."""
+    (``distill.advice_template``), its metrics (``coach/*``), and the step's advice dump. Advice that carries
+    the gold answer is refused (``leak``)."""
 
     def __init__(self, cfg, coach, out_dir: Path | None):
         self.cfg, self.coach, self.out_dir = cfg, coach, out_dir
 
     def __call__(self, problems, prompts, samples_QG, grades, step: int) -> tuple[list[str | None], dict]:
+        """Advice on each rollout (``samples_QG``, graded ``grades``): one teacher prompt (or None) per rollout."""
+        rollouts = [(q, s.text) for q, grp in enumerate(samples_QG) for s in grp]
+        return self.advise(problems, prompts, rollouts, grades, step)
+
+    def before_attempts(self, problems, prompts, step: int) -> tuple[list[str | None], dict]:
+        """Advice on each question before any attempt (``distill.objective=sft``: the coach reads an empty
+        response, grade ``not attempted``): one teacher prompt (or None) per question."""
+        return self.advise(problems, prompts, [(q, "") for q in range(len(problems))], [None] * len(problems), step)
+
+    def advise(self, problems, prompts, rollouts: list[tuple[int, str]], grades, step: int
+               ) -> tuple[list[str | None], dict]:
         d = self.cfg.distill
-        rollouts = [(q, s) for q, grp in enumerate(samples_QG) for s in grp]
-        advice = self.coach.advise([problems[q].question for q, _ in rollouts], [s.text for _, s in rollouts],
-                                   grades, [problems[q].answer for q, _ in rollouts], step)
+        golds = [problems[q].answer for q, _ in rollouts]
+        advice = self.coach.advise([problems[q].question for q, _ in rollouts], [text for _, text in rollouts],
+                                   grades, golds, step)
+        advice = [(raw, Reject("leak") if isinstance(a, Advice) and leaks(a.text, gold) else a)
+                  for (raw, a), gold in zip(advice, golds)]
         teacher_texts = [fill_slots(d.advice_template, advice=a.text, prompt=prompts[q]) if isinstance(a, Advice) else None
                          for (q, _), (_, a) in zip(rollouts, advice)]
         rejected = [a.reason for _, a in advice if isinstance(a, Reject)]
@@ -152,10 +181,10 @@ class Advisor:
 
     def dump(self, step: int, problems, rollouts, grades, advice) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        rows = [{"question": problems[q].question, "gold": problems[q].answer, "completion": s.text,
-                 "correct": bool(g.correct), "coach_text": raw,
+        rows = [{"question": problems[q].question, "gold": problems[q].answer, "completion": text,
+                 "correct": None if g is None else bool(g.correct), "coach_text": raw,
                  **({"advice": a.text} if isinstance(a, Advice) else {"rejected": a.reason})}
-                for (q, s), g, (raw, a) in zip(rollouts, grades, advice)]
+                for (q, text), g, (raw, a) in zip(rollouts, grades, advice)]
         path = self.out_dir / f"step_{step:06d}.jsonl"
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))

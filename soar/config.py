@@ -457,7 +457,11 @@ class FilterConfig:
     heldout_per_source: int = 0
     """Problems per source (``Problem.source``: ``data.name``, or ``data.source_key``'s column) held out
     of the band files (``bands/heldout.jsonl``) before any training: seeded, drawn from every band (the
-    band-RL recipe: 25). The hard set ignores it (hard train/test are all of the 0/k problems, as without it)."""
+    band-RL write-up: 25, which holds out 25 of AIME 2024's 30 and AMC 2023's 40). The hard set ignores it
+    (hard train/test are all of the 0/k problems, as without it)."""
+    heldout_frac: float = 0.0
+    """Instead of ``heldout_per_source``: this fraction of each source held out (rounded), so small sources
+    keep most of their problems in training (``experiment=band_rl``: 0.2). At most one of the two is set."""
 
 
 BANDS = ("all_zero", "mixed", "all_one")
@@ -480,38 +484,61 @@ class RLConfig:
     ``rl.eval_temperature`` (the recipe: one sample per problem at T = 1)."""
     eval_temperature: float = 1.0
     """Sampling temperature of the evaluation when ``rl.eval_samples`` > 0."""
+    subset_size: Optional[int] = None
+    """Train on a random subset of this many of ``rl.band``'s problems (drawn from the run seed), e.g. the
+    size of the mixed band: the control for "selecting the mixed band helps" (docs/band_rl.md). None: all."""
 
 
 COACH_PROMPT = (
-    "You are a coach for a student who solves math problems. Read the problem, the student's answer, its "
-    "grade and the reference answer. Write one short piece of advice that would help the student solve "
-    "problems like this one: a method, a check or a pitfall, not this problem's answer.\n"
+    "You are a coach for a student who solves math problems. Read the problem, the student's answer and its "
+    "grade. Write one short piece of advice that would help the student solve problems like this one: a "
+    "method, a check or a pitfall, not this problem's answer.\n"
     "Problem: {question}\n"
     "Student's answer: {response}\n"
     "Grade: {grade}\n"
-    "Reference answer: {reference}\n"
     "Write the advice between <advice> and </advice>.\n"
 )
 """The coach prompt (``distill.coach_prompt``): slots ``{question}``, ``{response}`` (the policy's
-completion), ``{grade}`` (``correct`` / ``incorrect``) and ``{reference}`` (the gold answer)."""
+completion; empty under ``distill.objective=sft``, where the coach advises before any attempt) and
+``{grade}`` (``correct`` / ``incorrect`` / ``not attempted``). No ``{reference}``: the default coach never
+sees the gold answer (``distill.coach_sees_reference``)."""
 
 
 @dataclass
 class DistillConfig:
     """Coach-guided on-policy context distillation (issue 53 B): for each of the policy's rollouts a
-    coach writes short advice from the question, the rollout, its grade and the reference answer; the
-    teacher is the policy's initial copy conditioned on that advice (``advice_template``), and the policy
-    is trained, on its own samples, towards the teacher by the per-token reverse KL
-    (``soar.policy.rloo.distill_token_weights``), mixed with the RLOO reward. Used by ``soar-rl``."""
+    coach writes short advice from the question, the rollout and its grade (never the reference answer,
+    unless ``coach_sees_reference``: the oracle upper bound); the teacher is the policy's initial copy
+    conditioned on that advice (``advice_template``), and the policy is trained, on its own samples,
+    towards the teacher by the per-token reverse KL (``soar.policy.rloo.distill_token_weights``), mixed
+    with the RLOO reward. Every advice that carries the gold answer (``soar.leak.leaks``) is refused and
+    counted (``coach/reject/leak``). Used by ``soar-rl``."""
 
     coach: Optional[str] = None
     """None: no distillation (plain RLOO). ``world``: the configured world's programmatic coach
-    (``World.coach_advice``; the embedded world writes the question's carry positions: a stand-in for an
-    LLM coach). ``llm``: ``coach_model`` generating from ``coach_prompt``."""
+    (``World.coach_advice``: a stand-in for an LLM coach that reads the question and the attempt, never the
+    reference; the embedded world computes the question's carry positions from its addends). ``llm``:
+    ``coach_model`` generating from ``coach_prompt``."""
     coach_model: ModelConfig = field(default_factory=lambda: ModelConfig(path=None))
     """``coach=llm``: the coach's model (any HF causal LM; ``path`` null: the policy's ``model``)."""
     coach_prompt: str = COACH_PROMPT
-    """``coach=llm``: the coach's prompt (``COACH_PROMPT``'s slots)."""
+    """``coach=llm``: the coach's prompt (``COACH_PROMPT``'s slots; ``{reference}`` only with
+    ``coach_sees_reference``)."""
+    coach_sees_reference: bool = False
+    """The oracle coach, an upper bound and never a default: ``coach=llm`` fills a ``{reference}`` slot of
+    ``coach_prompt`` with the gold answer (the prompt must then have one; without this flag a prompt that has
+    one is refused). Its advice still goes through the leak check. The world's coach needs no reference (it
+    computes from the question); its upper bound is ``coach_noise=0``."""
+    coach_noise: float = 0.0
+    """``coach=world``: how wrong the programmatic coach is, in [0, 1] (the embedded world: each carry bit
+    flipped with this probability), drawn from the run seed and the step, so a resumed run repeats it."""
+    objective: str = "on_policy"
+    """``on_policy``: the recipe (the policy samples, the advised teacher scores its tokens, reverse KL +
+    ``rl_coef`` x RLOO). ``sft``: the baseline of supervised fine-tuning on the advised teacher's correct
+    samples at the same budget: per step the coach advises on each question before any attempt, the teacher
+    (``teacher``) samples ``student.group_size`` completions per question from its advised prompt (the
+    policy's rollout budget, on HF), and the policy takes one step on the negative log-likelihood of the
+    correct ones under its own, unadvised prompt, weighted ``coef`` (``rl_coef`` unused)."""
     advice_tag: Optional[str] = "advice"
     """``coach=llm``: the tag around the advice (``<advice>...</advice>``); parsed with the teacher
     parser's rules (``soar.coach.parse_advice``). None: the whole completion is the advice (same checks

@@ -16,7 +16,8 @@ teacher, and the step's loss adds the per-token reverse KL to it (``experiment=d
 On ``soar-filter``'s bands (docs/band_rl.md): ``rl.bands=<filter run dir> rl.band=[mixed]`` trains on
 those band files and evaluates on the held-out file; ``rl.eval_samples=n`` scores each held-out problem
 by n samples at ``rl.eval_temperature`` instead of greedily (``eval/accuracy``; per source,
-``eval/accuracy/source/<source>``, and per band, ``eval/accuracy/band/<band>``, when there are several).
+``eval/accuracy/source/<source>``, and per band, ``eval/accuracy/band/<band>``, when there are several);
+``rl.subset_size=n`` trains on a seeded random n of them (the control arm of a band comparison).
 """
 
 from __future__ import annotations
@@ -43,13 +44,27 @@ log = logging.getLogger("soar.rl")
 
 def rl_problems(cfg) -> tuple[list, list]:
     """The training and evaluation problems: ``rl.bands``' band files ``rl.band`` and held-out file, else
-    ``data.path`` and ``data.eval_path``."""
+    ``data.path`` and ``data.eval_path``; the training problems cut to a seeded random ``rl.subset_size``."""
     if cfg.rl.bands is None:
-        return (load_problems(cfg.data), load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else [])
-    problems = [p for name in cfg.rl.band for p in load_band(cfg.rl.bands, name, cfg.data)]
-    if not problems:
-        raise DataError(f"{cfg.rl.bands}: bands {list(cfg.rl.band)} hold no problems (rl.band)")
-    return problems, load_band(cfg.rl.bands, "heldout", cfg.data)
+        problems = load_problems(cfg.data)
+        eval_problems = load_problems(cfg.data, cfg.data.eval_path) if cfg.data.eval_path else []
+    else:
+        problems = [p for name in cfg.rl.band for p in load_band(cfg.rl.bands, name, cfg.data)]
+        if not problems:
+            raise DataError(f"{cfg.rl.bands}: bands {list(cfg.rl.band)} hold no problems (rl.band)")
+        eval_problems = load_band(cfg.rl.bands, "heldout", cfg.data)
+    return random_subset(problems, cfg.rl.subset_size, cfg.seed), eval_problems
+
+
+def random_subset(problems: list, size: int | None, seed: int) -> list:
+    """``size`` of ``problems`` drawn without replacement from ``seed`` (in their order), all when None;
+    more than there are is a ``DataError`` naming ``rl.subset_size``."""
+    if size is None:
+        return problems
+    if size > len(problems):
+        raise DataError(f"rl.subset_size={size} but the training problems are only {len(problems)}")
+    keep = np.random.default_rng(derive_seed(seed, "rl_subset")).choice(len(problems), size=size, replace=False)
+    return [problems[i] for i in sorted(keep)]
 
 
 def run_rl(cfg) -> dict:
@@ -109,7 +124,8 @@ def run_rl(cfg) -> dict:
             if eval_problems and (done == s.max_steps or s.eval_every and done % s.eval_every == 0):
                 last.update(eval_metrics(done))
             metrics_log.log(done, last)
-            bar.set_postfix(reward=f"{last['student/reward_mean']:.1f}", acc=f"{last['student/accuracy']:.2f}")
+            bar.set_postfix({k.split("/")[1]: f"{last[k]:.3g}" for k in ("student/reward_mean", "student/accuracy",
+                                                                          "sft/teacher_accuracy") if k in last})
             if done % s.save_every == 0 or done == s.max_steps:
                 with run.checkpoint(done) as ckpt:
                     torch.save(trainer.state_dict(), ckpt / "state.pt")

@@ -317,6 +317,10 @@ def _validate_filter(cfg, stage: str) -> None:
             fail("filter.pool", f"no data config {name!r} (conf/data/{name}.yaml)")
     if f.heldout_per_source < 0:
         fail("filter.heldout_per_source", f"must be >= 0, got {f.heldout_per_source}")
+    if not 0.0 <= f.heldout_frac < 1.0:
+        fail("filter.heldout_frac", f"must be in [0, 1), got {f.heldout_frac}")
+    if f.heldout_frac and f.heldout_per_source:
+        fail("filter.heldout_frac", f"and filter.heldout_per_source={f.heldout_per_source} are both set: set one")
 
 
 def _validate_rl(cfg, stage: str) -> None:
@@ -330,6 +334,8 @@ def _validate_rl(cfg, stage: str) -> None:
         fail("rl.eval_samples", f"must be >= 0 (0: greedy), got {rl.eval_samples}")
     if rl.eval_temperature <= 0:
         fail("rl.eval_temperature", f"must be > 0, got {rl.eval_temperature}")
+    if rl.subset_size is not None and rl.subset_size < 1:
+        fail("rl.subset_size", f"must be >= 1 or null (all), got {rl.subset_size}")
 
 
 def _validate_distill(cfg, stage: str) -> None:
@@ -341,6 +347,21 @@ def _validate_distill(cfg, stage: str) -> None:
         fail("distill.coach", f"must be null, world or llm, got {d.coach!r}")
     if d.coach == "world" and (cfg.world is None or not cfg.world.get("name")):
         fail("distill.coach", "world needs a configured world (world=<name>)")
+    if d.coach == "world" and d.coach_sees_reference:
+        fail("distill.coach_sees_reference", "the world's coach computes its advice from the question and reads no "
+             "reference; its upper bound is distill.coach_noise=0")
+    has_slot = "{reference}" in d.coach_prompt
+    if d.coach == "llm" and has_slot and not d.coach_sees_reference:
+        fail("distill.coach_prompt", "has a {reference} slot, but the coach sees no reference answer unless "
+             "distill.coach_sees_reference=true (the oracle, an upper bound)")
+    if d.coach == "llm" and d.coach_sees_reference and not has_slot:
+        fail("distill.coach_prompt", "needs a {reference} slot for distill.coach_sees_reference=true")
+    if not 0.0 <= d.coach_noise <= 1.0:
+        fail("distill.coach_noise", f"must be in [0, 1], got {d.coach_noise}")
+    if d.objective not in ("on_policy", "sft"):
+        fail("distill.objective", f"must be on_policy or sft, got {d.objective!r}")
+    if d.objective == "sft" and d.coef == 0:
+        fail("distill.coef", "is 0 under distill.objective=sft: the teacher's correct samples would weigh nothing")
     if d.teacher not in ("frozen", "updated"):
         fail("distill.teacher", f"must be frozen or updated, got {d.teacher!r}")
     for name in ("coef", "rl_coef"):

@@ -51,10 +51,18 @@ def test_rl_validation_names_the_field(override, field):
 @pytest.mark.parametrize("override, field", [
     ("filter.k=0", "filter.k"), ("filter.test_frac=1.0", "filter.test_frac"),
     ("filter.temperature=0", "filter.temperature"),
+    ("filter.heldout_per_source=-1", "filter.heldout_per_source"),
+    ("filter.heldout_frac=1.0", "filter.heldout_frac"), ("filter.heldout_frac=-0.1", "filter.heldout_frac"),
 ])
 def test_filter_validation_names_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         validate(cfg_with(override), "filter")
+
+
+def test_heldout_frac_and_per_source_are_exclusive():
+    validate(cfg_with("filter.heldout_frac=0.2"), "filter")
+    with pytest.raises(ConfigError, match=r"filter\.heldout_frac.*filter\.heldout_per_source=25.*set one"):
+        validate(cfg_with("filter.heldout_frac=0.2", "filter.heldout_per_source=25"), "filter")
 
 
 def test_hydra_rejects_unknown_fields():

@@ -1,27 +1,32 @@
-"""Coach-guided on-policy context distillation (issue 53 B): the reverse-KL loss against a hand computation,
-the teacher scoring exactly the policy's sampled token ids, the coach's parsing, the world's programmatic
-coach, the LLM-coach path on the rehearsal model, and resume after a kill."""
+"""Coach-guided on-policy context distillation (issue 53 B, 59): the reverse-KL loss against a hand computation
+(pure distillation too), the teacher scoring exactly the policy's sampled token ids, the SFT baseline's update,
+the coach's parsing and leak check, the world's reference-free coach and its noise, the LLM-coach path on the
+rehearsal model, resume after a kill, and a distilled student that learns, the seed as the unit."""
 
 import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import soar
 import soar.hydra_config
-from soar.coach import Advice, parse_advice
-from soar.config import DistillConfig, StudentConfig
+from soar.coach import Advice, Advisor, WorldCoach, parse_advice
+from soar.config import COACH_PROMPT, DistillConfig, StudentConfig
 from soar.data import Problem, write_jsonl
+from soar.generation import HFGenerator
 from soar.grading import make_grader
 from soar.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
 from soar.policy.rloo import distill_token_weights, pack_sequences, token_logprobs, weighted_rloo_loss
 from soar.policy.trainer import RLOOTrainer
 from soar.run import read_metrics
+from soar.samples import Sample
 from soar.teachers.parse import Reject
 from soar.tokens import encode_prompts
-from soar.worlds.arith import carry_advice, carry_plan, generate_problems
+from soar.worlds.arith import carry_advice, carry_bits, carry_plan, generate_problems
 
 from conftest import arith_data, kill_at_checkpoint, run_cli, script
 
@@ -54,11 +59,13 @@ def unpadded_logprobs(model, prompt, completion, temperature):
     return logp[torch.arange(len(prompt) - 1, len(prompt) - 1 + len(completion)), torch.tensor(completion)]
 
 
-@pytest.mark.parametrize("stop_token, which", [(True, "frozen"), (False, "frozen"), (True, "updated")])
-def test_distill_loss_matches_hand_computation(stop_token, which):
-    """``frozen``: the teacher is the initial copy; ``updated``: the current policy (no gradient through it)."""
+@pytest.mark.parametrize("stop_token, which, rl_coef", [(True, "frozen", 0.5), (False, "frozen", 0.5),
+                                                       (True, "updated", 0.5), (True, "frozen", 0.0)])
+def test_distill_loss_matches_hand_computation(stop_token, which, rl_coef):
+    """``frozen``: the teacher is the initial copy; ``updated``: the current policy (no gradient through it);
+    ``rl_coef`` 0: pure distillation, the advantages weigh nothing."""
     tok, model, initial = char_pair()
-    temperature, coef, rl_coef = 0.7, 0.8, 0.5
+    temperature, coef = 0.7, 0.8
     trainer = distill_trainer(model, tok, initial, temperature, coef=coef, rl_coef=rl_coef, stop_token=stop_token,
                               teacher=which)
     teacher = initial if which == "frozen" else model
@@ -184,6 +191,55 @@ def test_teacher_scores_the_policys_sampled_token_ids(rehearsal_model_dir):
         assert torch.allclose(values[i, start: start + len(flat[i].token_ids)], hand, atol=1e-4)
 
 
+def world_setup(tmp_path):
+    """The shipped world model (policy and its frozen copy), its tokenizer, and distill_arith's config."""
+    from soar.stage import resolve_model_path
+
+    cfg = soar.compose(["experiment=distill_arith", f"data.path={tmp_path / 'q.jsonl'}"])
+    resolve_model_path(cfg)
+    return cfg, load_tokenizer(cfg.model), load_model(cfg.model), load_model(cfg.model)
+
+
+def test_sft_step_is_the_nll_of_the_advised_teachers_correct_samples(tmp_path):
+    """distill.objective=sft: the frozen model samples group_size completions per question from its advised
+    prompt (the world coach's carry plan), and the one AdamW step moves every weight against the gradient of
+    the negative log-likelihood of exactly the correct ones under the plain, unadvised prompt. On the first
+    step AdamW's update is -lr * g / (|g| + eps): its sign pins g's."""
+    cfg, tok, model, initial = world_setup(tmp_path)
+    lr = 1e-4
+    s = StudentConfig(group_size=8, kl_coef=0.0, max_tokens=24, micro_batch_size=64, lr=lr, max_steps=1,
+                      max_grad_norm=None)  # unclipped: AdamW's first step is then lr in size wherever |g| >> eps
+    d = OmegaConf.to_object(cfg.distill)
+    d.objective = "sft"
+    trainer = RLOOTrainer(model, tok, make_grader("integer"), s, cfg.data.prompt_template, seed=3, ref_model=initial,
+                          distill=d, advisor=Advisor(cfg, WorldCoach(cfg), None))
+    before = copy.deepcopy(model)
+    problems = generate_problems(12, 10, 4, 8, "sft")
+    prompts, params = trainer.rollout_request(problems)  # step 0's: to draw the teacher's samples again
+    result = trainer.sft_step(problems)
+
+    advised = [d.advice_template.replace("{advice}", carry_advice(p.question)).replace("{prompt}", q)
+               for p, q in zip(problems, prompts)]
+    samples = HFGenerator(initial, tok).generate(advised, params)
+    targets = [(q, smp) for q, group in enumerate(samples) for smp in group
+               if make_grader("integer").grade(smp.text, problems[q].answer).correct]
+    m = result.metrics
+    assert m["sft/samples"] == 32 and m["sft/targets"] == len(targets) > 0, m
+    assert m["sft/teacher_accuracy"] == pytest.approx(len(targets) / 32)
+
+    plain = encode_prompts(tok, prompts)
+    nll = sum(-unpadded_logprobs(before, plain[q], smp.token_ids, 1.0).sum() for q, smp in targets) / 32
+    nll.backward()
+    moved = 0
+    for (name, p0), p1 in zip(before.named_parameters(), model.parameters()):
+        g, delta = p0.grad, (p1 - p0).detach()
+        big = g.abs() > 1e-5
+        assert torch.equal(torch.sign(delta[big]), -torch.sign(g[big])), name
+        assert torch.allclose(delta[big].abs(), torch.full_like(delta[big], lr), rtol=0.02), name
+        moved += int(big.sum())
+    assert moved > 1000
+
+
 def test_parse_advice_rules():
     assert parse_advice("thinking... <advice> Carry the one. </advice> done") == Advice("Carry the one.")
     assert parse_advice("<advice>a</advice><advice>b</advice>") == Advice("a")  # the first one wins
@@ -199,13 +255,63 @@ def test_parse_advice_rules():
     assert parse_advice("<advice>tabs\tand\nnewlines</advice>") == Advice("tabs\tand\nnewlines")
 
 
-def test_world_coach_derives_carries_from_question_and_reference():
-    for p in generate_problems(12, 12, 4, 1, "h") + generate_problems(5, 2, 4, 2, "s") + generate_problems(3, 0, 2, 3, "z"):
+def test_world_coach_reads_the_question_alone():
+    """The world's coach computes the carry plan from the question's addends (no reference answer); its advice
+    differs between sums whose carries differ; ``noise`` flips each bit with that probability, from the rng."""
+    probs = generate_problems(12, 12, 4, 1, "h") + generate_problems(5, 2, 4, 2, "s") + generate_problems(3, 0, 2, 3, "z")
+    for p in probs:
         a, b = (int(x[::-1]) for x in p.question.split("+"))
-        assert carry_advice(p.question, p.answer) == carry_plan(a, b, len(p.question.split("+")[0]))
-    wrong = generate_problems(5, 2, 1, 2, "s")[0]
-    assert carry_advice(wrong.question, "9" * 6) is None  # a reference that is not the sum
-    assert carry_advice("what is 2+2?", "4") is None  # not a world question
+        assert carry_advice(p.question) == carry_plan(a, b, len(p.question.split("+")[0]))
+    assert len({carry_advice(p.question) for p in generate_problems(12, 10, 20, 4, "v")}) > 10  # per-problem advice
+    assert carry_advice("what is 2+2?") is None and carry_advice("12+345") is None  # not a world question
+
+    q = generate_problems(12, 6, 1, 5, "n")[0].question
+    bits = carry_bits(*(int(x[::-1]) for x in q.split("+")), 12)
+    assert carry_advice(q, 1.0, np.random.default_rng(0)) == "carries " + "".join(str(1 - b) for b in bits)
+    noisy = [carry_advice(q, 0.25, np.random.default_rng(s)) for s in range(200)]
+    flips = [sum(x != y for x, y in zip(n[8:], map(str, bits))) for n in noisy]
+    assert abs(np.mean(flips) / 12 - 0.25) < 0.03  # binomial(12, 0.25): mean 3, SE of the mean 0.1
+    assert noisy[0] == carry_advice(q, 0.25, np.random.default_rng(0))  # the same draws, the same advice
+
+
+def advisor_setup(tmp_path, coach, sees_reference=False):
+    cfg = soar.compose(["experiment=distill_arith", f"data.path={tmp_path / 'q.jsonl'}"])
+    cfg.distill.coach_sees_reference = sees_reference
+    return Advisor(cfg, coach(cfg) if coach is WorldCoach else coach, tmp_path / "advice")
+
+
+class GoldCoach:
+    """A programmatic coach (written here) whose advice for two of four rollouts is the gold answer itself,
+    worded as a tip: what an oracle or a guessing LLM coach could write."""
+
+    def advise(self, questions, responses, grades, references, step):
+        return [(t, Advice(t)) for t in (f"the digits are {references[0]}", "carry at each 9",
+                                          f"sum: {references[2]}", "add from the left")]
+
+
+def test_advice_that_carries_the_gold_answer_is_refused_and_counted(tmp_path):
+    """Every coach's advice goes through soar.leak: a leaking advice leaves its rollout undistilled, is counted
+    in coach/reject/leak and dumped as rejected; the world's own advice never leaks."""
+    probs = generate_problems(12, 10, 2, 7, "l")
+    prompts = [f"<question>{p.question}</question><answer>" for p in probs]
+    samples = [[Sample(text="\\boxed{1}", token_ids=[1], finish_reason="stop") for _ in range(2)] for _ in probs]
+    grades = make_grader("integer").grade_batch(["\\boxed{1}"] * 4, [p.answer for p in probs for _ in range(2)])
+
+    advisor = advisor_setup(tmp_path, GoldCoach())
+    texts, metrics = advisor(probs, prompts, samples, grades, 0)
+    assert [t is None for t in texts] == [True, False, True, False]
+    assert metrics["coach/reject/leak"] == 2 and metrics["coach/valid_frac"] == 0.5
+    dump = [json.loads(x) for x in (tmp_path / "advice" / "step_000001.jsonl").read_text().splitlines()]
+    assert [d.get("rejected") for d in dump] == ["leak", None, "leak", None]
+
+    texts, metrics = advisor_setup(tmp_path, WorldCoach)(probs, prompts, samples, grades, 0)
+    assert all(t is not None for t in texts) and metrics == {"coach/valid_frac": 1.0}
+    assert texts[0].endswith(carry_advice(probs[0].question) + prompts[0])
+
+
+def test_default_coach_prompt_has_no_reference():
+    assert "{reference}" not in COACH_PROMPT and "reference" not in COACH_PROMPT.lower()
+    assert DistillConfig().coach_sees_reference is False
 
 
 def strip_time(rows):
@@ -225,9 +331,9 @@ def test_world_coach_run_logs_advice(tiny_model_dir, rl_questions, tmp_path):
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["coach/valid_frac"] == 1 and r["distill/advised_frac"] == 1 for r in rows)
-    assert rows[0]["distill/kl"] != 0
     dump = [json.loads(x) for x in (tmp_path / "run" / "advice" / "step_000001.jsonl").read_text().splitlines()]
-    assert len(dump) == 16 and all(d["advice"] == carry_advice(d["question"], d["gold"]) for d in dump)
+    assert len(dump) == 16 and all(d["advice"] == carry_advice(d["question"]) for d in dump)
+    assert len({d["advice"] for d in dump}) > 1  # 1- and 2-carry sums: the advice differs per problem
 
 
 @pytest.mark.slow
@@ -253,7 +359,7 @@ def test_llm_coach_on_the_rehearsal_model(rehearsal_model_dir, tmp_path):
     continues after arbitrary text ("The final answer is: \\boxed{..}."), taken whole as the advice
     (``advice_tag`` null); the tag rules are ``test_parse_advice_rules``'."""
     coach_prompt = soar.config.PAPER_STUDENT_TEMPLATE.replace(
-        "{question}", "Problem: {question} Attempt: {response} ({grade}; reference {reference})")
+        "{question}", "Problem: {question} Attempt: {response} ({grade})")
     run_dir = tmp_path / "llm"
     questions = tmp_path / "q.jsonl"
     write_jsonl(questions, [{"id": str(i), "question": f"What is {i} plus {2 * i}?", "answer": str(3 * i)}
@@ -293,6 +399,9 @@ def test_real_model_preset_composes_and_validates(tmp_path):
 
 @pytest.mark.parametrize("override, field", [
     ("distill.coach=oracle", "distill.coach"), ("distill.teacher=ema", "distill.teacher"),
+    ("distill.coach_sees_reference=true", "distill.coach_sees_reference"),  # the world's coach reads no reference
+    ("distill.coach=llm", "distill.coach_prompt"),  # with a {reference} slot, set below, but no flag
+    ("distill.coach_noise=1.5", "distill.coach_noise"), ("distill.objective=rl", "distill.objective"),
     ("distill.advice_template=nothing", "distill.advice_template"),
     ("distill.max_advice_chars=0", "distill.max_advice_chars"),
     ("distill.rl_coef=-1", "distill.rl_coef")])
@@ -300,5 +409,48 @@ def test_bad_distill_config_names_the_field(override, field, tmp_path):
     data = tmp_path / "q.jsonl"
     write_jsonl(data, [{"id": "1", "question": "1+1", "answer": "2"}])
     cfg = soar.compose(["experiment=distill_arith", f"data.path={data}", override])
+    if override == "distill.coach=llm":
+        cfg.distill.coach_prompt = COACH_PROMPT + "Reference answer: {reference}\n"
     with pytest.raises(soar.ConfigError, match=field.replace(".", r"\.")):
         soar.validate(cfg, "rl")
+    if override == "distill.coach=llm":  # the oracle, named as such, is allowed
+        cfg.distill.coach_sees_reference = True
+        soar.validate(cfg, "rl")
+
+
+def learning_runs(args_of, seeds, tmp_path, timeout=900) -> dict:
+    """Run ``args_of(seed, run_dir)`` for each seed side by side (one thread each); each seed's eval rows."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    runs = {s: tmp_path / f"s{s}" for s in seeds}
+    procs = [subprocess.Popen(args_of(s, run), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for s, run in runs.items()]
+    for p in procs:
+        assert p.wait(timeout=timeout) == 0, p.stderr.read()[-3000:]
+    return {s: [r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in r] for s, run in runs.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # three runs side by side, each allowed 900 s
+def test_distilled_student_gains_on_heldout_sums_over_seeds(tmp_path):
+    """Pure distillation (distill.rl_coef=0: no reward at all) from the world coach's reference-free advice
+    raises the student's sampled accuracy on held-out sums, the seed as the unit: over seeds 0-2 the mean
+    gain is at least 0.05 and no seed ends below where it started. By construction, not by one model's luck:
+    the sums carry at 10 of 12 positions, which the shipped student (pretrained on 0-2 carries) solves about
+    0.2 % of the time, while its teacher role, given the carry plan, solves most of them; the only way up is
+    the teacher's. Each seed trains on its own draw of 32 sums and is scored on 24 others, 8 samples each."""
+    def args(seed, run):
+        data = tmp_path / f"data_s{seed}"
+        data.mkdir()
+        write_jsonl(data / "train.jsonl", [p.to_dict() for p in generate_problems(12, 10, 32, 100 + seed, "train")])
+        write_jsonl(data / "heldout.jsonl", [p.to_dict() for p in generate_problems(12, 10, 24, 200 + seed, "held")])
+        return [script("soar-rl"), "experiment=distill_arith", f"seed={seed}", f"data.path={data / 'train.jsonl'}",
+                f"data.eval_path={data / 'heldout.jsonl'}", "distill.rl_coef=0", "student.max_steps=6",
+                "rl.eval_samples=8", "distill.dump_every=0", "run.threads=1", "run.progress=false", f"run.dir={run}"]
+
+    evals = learning_runs(args, (0, 1, 2), tmp_path)
+    gains = {s: rows[-1]["eval/accuracy"] - rows[0]["eval/accuracy"] for s, rows in evals.items()}
+    assert all(rows[0]["step"] == 0 and rows[-1]["step"] == 6 for rows in evals.values())
+    assert min(gains.values()) >= 0 and sum(gains.values()) / 3 >= 0.05, gains

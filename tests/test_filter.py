@@ -165,6 +165,23 @@ def test_heldout_draw_is_per_source_and_order_free():
     assert [sum(i.startswith(s) for i in held) for s in "abc"] == [3, 3, 1]  # a smaller source: all of it
     assert sorted(heldout_ids(list(reversed(probs)), 3, seed=0)) == sorted(held)
     assert heldout_ids(probs, 3, seed=1) != held
+    # proportional: a fifth of each source, so a small source keeps most of its problems in training
+    big = [Problem(f"o/{i}", "q", "1", "o") for i in range(675)] + [Problem(f"s/{i}", "q", "1", "s") for i in range(30)]
+    by_frac = heldout_ids(big, 0, seed=0, frac=0.2)
+    assert [sum(i.startswith(s) for i in by_frac) for s in "os"] == [135, 6]
+    assert sorted(heldout_ids(list(reversed(big)), 0, seed=0, frac=0.2)) == sorted(by_frac)
+    assert set(by_frac) < set(heldout_ids(big, 0, seed=0, frac=0.3))  # a larger fraction extends the same draw
+
+
+def test_heldout_frac_that_rounds_to_nothing_warns(caplog):
+    from soar.data import Problem
+    from soar.filters.failk import heldout_ids
+
+    probs = [Problem(f"o/{i}", "q", "1", "o") for i in range(50)] + [Problem(f"s/{i}", "q", "1", "s") for i in range(2)]
+    with caplog.at_level("WARNING", logger="soar.filters"):
+        held = heldout_ids(probs, 0, seed=0, frac=0.2)
+    assert len(held) == 10 and not any(i.startswith("s/") for i in held)
+    assert "'s' has 2 problems, none held out (filter.heldout_frac=0.2 rounds to 0)" in caplog.text
 
 
 @pytest.mark.skipif(not (shared_data_dir() / "NOTICE.md").exists(), reason="benchmark files not found (SOAR_DATA_DIR)")
@@ -180,5 +197,5 @@ def test_pool_of_data_configs_keeps_each_source(tmp_path):
     assert len({p.id for p in problems}) == 70 and problems[0].id == "aime24/60" and problems[0].answer == "204"
     rows = [json.loads(line) for line in (tmp_path / "pool.jsonl").read_text().splitlines()]
     assert rows[-1]["source"] == "amc23" and rows[-1]["id"].startswith("amc23/")
-    held = heldout_ids(problems, 25, cfg.seed)
-    assert [sum(i.startswith(s) for i in held) for s in ("aime24", "amc23")] == [25, 25]
+    held = heldout_ids(problems, cfg.filter.heldout_per_source, cfg.seed, cfg.filter.heldout_frac)
+    assert [sum(i.startswith(s) for i in held) for s in ("aime24", "amc23")] == [6, 8]  # a fifth of each

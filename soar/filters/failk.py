@@ -6,7 +6,8 @@ tokens, the student prompt), split 50/50 into hard train/test.
 Writes to the run dir: ``manifest.jsonl`` (append-only, one row per problem, resumable),
 ``hard_set/`` (``datasets.save_to_disk``), ``hard_train.jsonl``, ``hard_test.jsonl``, ``summary.json``,
 and every band's problems (``write_bands``): ``bands/{all_zero,mixed,all_one,heldout}.jsonl`` and
-``bands/dataset/`` (one split each), with ``filter.heldout_per_source`` problems per source held out.
+``bands/dataset/`` (one split each), with ``filter.heldout_per_source`` problems per source (or
+``filter.heldout_frac`` of each source) held out.
 """
 
 from __future__ import annotations
@@ -276,19 +277,24 @@ def save_splits(splits: dict[str, list[dict]], columns: dict[str, str], path: Pa
                               for k, v in splits.items()}).save_to_disk(str(path))
 
 
-def heldout_ids(problems, per_source: int, seed: int) -> list[str]:
-    """``per_source`` problems of each source (all of a smaller one), drawn as ``split_hard`` draws:
-    sorted ids, a seeded permutation per source, so the draw depends on neither order nor bands."""
+def heldout_ids(problems, per_source: int, seed: int, frac: float = 0.0) -> list[str]:
+    """``per_source`` problems of each source (all of a smaller one), or with ``frac`` that fraction of each
+    source (rounded), drawn as ``split_hard`` draws: sorted ids, a seeded permutation per
+    source, so the draw depends on neither order nor bands."""
     by_source: dict[str, list[str]] = {}
     for p in problems:
         by_source.setdefault(p.source, []).append(p.id)
     out = []
     for src, ids in sorted(by_source.items()):
-        if len(ids) <= per_source:
-            log.warning("source %r has %d problems, all held out (filter.heldout_per_source=%d)", src, len(ids), per_source)
+        n = int(round(frac * len(ids))) if frac else per_source
+        asked = f"filter.heldout_frac={frac}" if frac else f"filter.heldout_per_source={per_source}"
+        if len(ids) <= n:
+            log.warning("source %r has %d problems, all held out (%s)", src, len(ids), asked)
+        elif n == 0:  # a proportional draw that rounds to nothing: the source is never evaluated
+            log.warning("source %r has %d problems, none held out (%s rounds to 0)", src, len(ids), asked)
         ordered = sorted(ids)
         perm = np.random.default_rng(derive_seed(seed, "heldout", src)).permutation(len(ordered))
-        out += [ordered[i] for i in sorted(perm[:per_source])]
+        out += [ordered[i] for i in sorted(perm[:n])]
     return out
 
 
@@ -298,7 +304,9 @@ def write_bands(problems, rows: dict[str, dict], records, cfg, out: Path, split_
     carries ``prob_group_mixed`` at G = ``student.group_size`` (the group ``soar-rl`` trains with).
     Returns the summary's ``band_files``."""
     k, group = cfg.filter.k, cfg.student.group_size
-    held = set(heldout_ids(problems, cfg.filter.heldout_per_source, split_seed)) if cfg.filter.heldout_per_source else set()
+    f = cfg.filter
+    held = set(heldout_ids(problems, f.heldout_per_source, split_seed, f.heldout_frac)) \
+        if f.heldout_per_source or f.heldout_frac else set()
     splits: dict[str, list[dict]] = {name: [] for name in (*BANDS, "heldout")}
     for p, record in zip(problems, records([p.id for p in problems])):
         passes = rows[p.id]["passes"]
@@ -314,7 +322,7 @@ def write_bands(problems, rows: dict[str, dict], records, cfg, out: Path, split_
     heldout_by_source: dict[str, int] = {}
     for r in splits["heldout"]:
         heldout_by_source[r["source"]] = heldout_by_source.get(r["source"], 0) + 1
-    return {"dir": str(out), "group_size": group, "heldout_per_source": cfg.filter.heldout_per_source,
+    return {"dir": str(out), "group_size": group, "heldout_per_source": f.heldout_per_source, "heldout_frac": f.heldout_frac,
             "heldout_by_source": heldout_by_source,
             **{name: {"problems": len(recs),
                       # mean P(mixed group at G); times the problems: the expected mixed groups if each is drawn once

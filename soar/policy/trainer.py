@@ -9,6 +9,9 @@ The teacher calls ``update`` with its dataset-level advantages (``soar.teachers.
 With ``distill`` (``DistillConfig``) and an ``advisor`` (``soar.coach.Advisor``: a coach's advice per
 rollout, set by ``soar-rl``), a student step also distils: the advice-conditioned teacher scores the same
 sampled token ids, and each token's weight gets the reverse-KL term (``soar.policy.rloo.distill_token_weights``).
+``distill.objective=sft`` is the supervised baseline at the same budget (``sft_step``): the advised teacher
+samples, and ``update`` takes its correct samples with weight ``distill.coef`` and no advice in the prompt:
+the policy-gradient loss with those weights is their negative log-likelihood.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,6 +169,7 @@ class RLOOTrainer:
                                            weight_decay=student_cfg.weight_decay)
         self.scheduler = cosine_schedule(self.optimizer, student_cfg)
         # Rollouts: the given generator (e.g. a shared vLLM one) re-targeted at this policy, or HF.
+        self.batch_size = batch_size
         self.generator = generator or HFGenerator(self.model, tokenizer, batch_size=batch_size)
         self.step_count = 0
         self.version = 0  # bumps on every optimiser step; keys the evaluation cache
@@ -199,6 +204,8 @@ class RLOOTrainer:
     def step(self, problems, samples_QG=None, sample_s: float = 0.0) -> StepResult:
         """Sample (or take ``samples_QG``, generated elsewhere from ``rollout_request`` in
         ``sample_s`` seconds, e.g. batched with other students), grade, update."""
+        if self.distill is not None and self.distill.objective == "sft":
+            return self.sft_step(problems)
         cfg, t0 = self.cfg, time.perf_counter()
         prompts, params = self.rollout_request(problems)
         if samples_QG is None:
@@ -241,6 +248,65 @@ class RLOOTrainer:
             "time/optimizer_s": train_stats["optimizer_s"],
         }
         return StepResult(metrics, rewards_QG, skipped)
+
+    def sft_step(self, problems) -> StepResult:
+        """``distill.objective=sft``: the coach advises on each question before any attempt, the
+        distillation teacher (``teacher_generator``) samples ``group_size`` completions per advised question
+        from its advised prompt (the rollouts' seed and sampling parameters: the on-policy arms' budget), and
+        the policy takes one ``update`` on them with weight ``distill.coef`` on each correct one and 0 on the
+        rest, under its own unadvised prompt: the NLL of the teacher's correct samples. A question whose
+        advice is refused gets no samples. Metrics: ``sft/*`` of the teacher's samples (``student/*`` would
+        describe rollouts this arm does not have), the update's ``student/*`` and the coach's."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        prompts, params = self.rollout_request(problems)
+        teacher_texts, advice_metrics = self.advisor.before_attempts(problems, prompts, self.step_count)
+        advised = [q for q, t in enumerate(teacher_texts) if t is not None]
+        t_advice = time.perf_counter()
+        with self.teacher_generator() as generator:
+            samples_AG = generator.generate([teacher_texts[q] for q in advised], params)
+        t_sample = time.perf_counter()
+        flat = [s for group in samples_AG for s in group]
+        rows = [q for q in advised for _ in range(cfg.group_size)]  # each sample's question
+        grades = self.grader.grade_batch([s.text for s in flat], [problems[q].answer for q in rows])
+        correct_B = torch.tensor([float(g.correct) for g in grades])
+        t_grade = time.perf_counter()
+        prompt_ids = encode_prompts(self.tokenizer, prompts)  # the policy's own prompts, without advice
+        train_stats = self.update([prompt_ids[q] for q in rows], [s.token_ids for s in flat], self.distill.coef * correct_B)
+        t_train = time.perf_counter()
+        metrics = {
+            "sft/teacher_accuracy": correct_B.mean().item() if len(flat) else 0.0,
+            "sft/targets": int(correct_B.sum().item()),
+            "sft/samples": len(flat),
+            "sft/completion_tokens_mean": float(np.mean([len(s.token_ids) for s in flat])) if flat else 0.0,
+            "student/skipped_zero_adv": int(train_stats["skipped"]),
+            "student/lr": train_stats["lr"],
+            "student/pg_loss": train_stats["pg_loss"],
+            "student/kl": train_stats["kl"],
+            "student/grad_norm": train_stats["grad_norm"],
+            **advice_metrics,
+            "time/advice_s": t_advice - t0,
+            "time/sample_s": t_sample - t_advice,
+            "time/grade_s": t_grade - t_sample,
+            "time/train_s": t_train - t_grade,
+            "time/forward_backward_s": train_stats["forward_backward_s"],
+            "time/optimizer_s": train_stats["optimizer_s"],
+        }
+        return StepResult(metrics, correct_B.view(len(advised), cfg.group_size), train_stats["skipped"])
+
+    @contextmanager
+    def teacher_generator(self):
+        """An HF generator of the distillation teacher's samples (``distill.objective=sft``): the initial
+        policy (``distill.teacher=frozen``: the reference copy, or this LoRA policy with its adapter disabled
+        while it samples) or the current one (``updated``)."""
+        if self.distill.teacher == "updated":
+            yield HFGenerator(self.model, self.tokenizer, batch_size=self.batch_size)
+        elif self.ref_model is not None:
+            yield HFGenerator(self.ref_model, self.tokenizer, batch_size=self.batch_size)
+        elif self.cfg.lora.r > 0:
+            with self.model.disable_adapter():
+                yield HFGenerator(self.model, self.tokenizer, batch_size=self.batch_size)
+        else:
+            raise ValueError("a frozen distillation teacher needs a reference model (full fine-tuning) or LoRA")
 
     @property
     def checks_sync(self) -> bool:

@@ -21,6 +21,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -58,6 +59,10 @@ class ArithWorldConfig:
     seed: int = 0
     """World seed (model init, pretraining data, problem files); separate from the run seed so
     runs with different seeds share one world model and hard-set pool."""
+    pool_seed: Optional[int] = None
+    """Seed of the problem files alone (the hard-set pool, the stepping-stone and control families);
+    None: ``seed``. A study that wants an independent pool per run seed sets ``${seed}`` (the world
+    model stays the same)."""
     digits: int = 12
     """Operand length in digits (zero-padded)."""
     student_template: str = "<question>{question}</question><answer>"
@@ -192,7 +197,12 @@ def completion_text(answer: str) -> str:
 
 
 def carry_plan(a: int, b: int, digits: int) -> str:
-    return "carries " + "".join(map(str, carry_bits(a, b, digits)))
+    return plan_text(carry_bits(a, b, digits))
+
+
+def plan_text(bits: list[int]) -> str:
+    """Carry bits as the teacher role writes them: ``carries 0110...``, least significant first."""
+    return "carries " + "".join(map(str, bits))
 
 
 def inverse_plan(a: int, b: int, digits: int) -> str:
@@ -224,8 +234,8 @@ def teacher_completion(a: int, b: int, wcfg: ArithWorldConfig) -> tuple[str, int
 
 
 # Fields that do not change the pretrained model: left out of its cache key.
-MODEL_INDEPENDENT = ("name", "out_dir", "threads", "snapshot_steps", "hard_carries", "stepping_carries", "control_carries",
-                     "pool_size", "family_size")
+MODEL_INDEPENDENT = ("name", "out_dir", "threads", "snapshot_steps", "pool_seed", "hard_carries", "stepping_carries",
+                     "control_carries", "pool_size", "family_size")
 
 RECIPE = 2
 """Version of the pretraining procedure, part of the cache key: bump it when a code change alters
@@ -422,6 +432,11 @@ def derive(seed: int, *parts) -> int:
     return derive_seed(seed, "arith", *parts)
 
 
+def problem_seed(wcfg: ArithWorldConfig) -> int:
+    """The seed of the problem files: ``pool_seed``, else the world's ``seed``."""
+    return wcfg.seed if wcfg.pool_seed is None else wcfg.pool_seed
+
+
 def write_families(wcfg: ArithWorldConfig, seed: int, out: Path) -> dict[str, Path]:
     """Write the hard-set pool and the S / C families as JSONL (ids never collide: one prefix each)."""
     out = Path(out)
@@ -450,25 +465,21 @@ def oracle_answer(question: str) -> str | None:
     return None if parsed is None else lsb(parsed[0] + parsed[1], parsed[2] + 1)
 
 
-def carry_advice(question: str, reference: str) -> str | None:
-    """The world's programmatic coach: the carry positions of ``question``, derived digit by digit from
-    its addends and the reference sum (carry out = (a_i + b_i + carry in - s_i) / 10), written as the
-    teacher role's carry plan (``carries 0110...``, least significant first); None unless the question is
-    one of the world's and the reference is its sum. A stand-in for an LLM coach."""
+def carry_advice(question: str, noise: float = 0.0, rng: np.random.Generator | None = None) -> str | None:
+    """The world's programmatic coach, a stand-in for an LLM coach that reads the problem: ``question``'s
+    carry positions computed from its two addends alone (no reference answer), written as the teacher
+    role's carry plan (``carries 0110...``, least significant first), each bit flipped with probability
+    ``noise`` (draws from ``rng``); None unless the question is one of the world's. On sums whose carries
+    differ the advice differs per problem; with the plan the teacher role was pretrained to read, it is
+    close to answer-equivalent, which is why it is a stand-in (docs/distill.md)."""
     parsed = parse_question(question)
-    if parsed is None or not re.fullmatch(r"\d+", reference or "") or len(reference) != parsed[2] + 1:
+    if parsed is None:
         return None
-    a, b, digits = parsed
-    bits, carry = [], 0
-    for i in range(digits):
-        out, rest = divmod((a // 10 ** i) % 10 + (b // 10 ** i) % 10 + carry - int(reference[i]), 10)
-        if rest or out not in (0, 1):
-            return None  # the reference is not this sum
-        bits.append(out)
-        carry = out
-    if int(reference[digits]) != carry:
-        return None
-    return "carries " + "".join(map(str, bits))
+    bits = carry_bits(*parsed)
+    if noise > 0:
+        flips = rng.random(len(bits)) < noise
+        bits = [b ^ int(f) for b, f in zip(bits, flips)]
+    return plan_text(bits)
 
 
 @register_world
@@ -492,7 +503,7 @@ class ArithWorld(World):
     def build_pool(self, cfg, out_dir: Path) -> Path:
         """The hard-set candidates, written with the stepping-stone and control families."""
         wcfg = self.config(cfg)
-        return write_families(wcfg, wcfg.seed, out_dir)["pool"]
+        return write_families(wcfg, problem_seed(wcfg), out_dir)["pool"]
 
     def oracle_problems(self, cfg, count: int) -> list[Problem]:
         """Stepping stones (ids ``oracle/...``): solved sometimes, and training on them moves the hard set."""
@@ -502,8 +513,10 @@ class ArithWorld(World):
     def answer_oracle(self, cfg, question: str) -> str | None:
         return oracle_answer(question)
 
-    def coach_advice(self, cfg, question: str, reference: str) -> str | None:
-        return carry_advice(question, reference)
+    def coach_advice(self, cfg, question: str, attempt: str, noise: float, rng: np.random.Generator) -> str | None:
+        """The carry plan of ``question`` (``carry_advice``). The attempt is not read: the plan is the help
+        the teacher role reads whatever the student wrote."""
+        return carry_advice(question, noise, rng)
 
     def run(self, cfg, command: str) -> None:
         """``soar-world pretrain`` builds the world model (into the cache or ``world.out_dir``, even when
@@ -514,4 +527,4 @@ class ArithWorld(World):
             print(pretrain(wcfg, wcfg.seed, progress=cfg.run.progress))
         else:
             out = Path(cfg.run.dir or Path("runs") / cfg.run.name)
-            print(json.dumps({k: str(v) for k, v in write_families(wcfg, wcfg.seed, out).items()}))
+            print(json.dumps({k: str(v) for k, v in write_families(wcfg, problem_seed(wcfg), out).items()}))

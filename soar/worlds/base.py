@@ -69,9 +69,11 @@ class World:
         world's. Measurement only (``teacher/answer_correct_frac``): never a reward."""
         return None
 
-    def coach_advice(self, cfg, question: str, reference: str) -> str | None:
-        """``distill.coach: world``: a programmatic coach's advice for ``question`` from it and its
-        reference answer (a stand-in for an LLM coach, ``soar.coach``); None if it has none."""
+    def coach_advice(self, cfg, question: str, attempt: str, noise: float, rng) -> str | None:
+        """``distill.coach: world``: a programmatic coach's advice for ``question``, computed from the
+        question and (if the world's recipe reads it) the student's ``attempt``, never the reference answer;
+        ``noise`` in [0, 1] (``distill.coach_noise``) makes it that wrong, drawing from ``rng`` (a numpy
+        Generator). A stand-in for an LLM coach (``soar.coach``); None if it has none."""
         raise ConfigError(f"config error: distill.coach: world {self.name!r} has no programmatic coach "
                           "(World.coach_advice); use distill.coach=llm")
 
