@@ -118,18 +118,37 @@ def test_stacked_llama_is_transformers_llama():
                 assert drawn[s, q * n + i, : len(cut)].tolist() == cut
 
 
+SOLVED = "SOLVED"
+
+
+def solved_marker_grader():
+    """The integer grader, except that a gold of ``SOLVED`` grades every completion correct: a stub
+    score for a dataset the model already solves (every group ties, so ``skip_zero_adv`` skips all
+    its steps), fixed by construction rather than by which sums this model happens to solve."""
+    from soar.grading import REWARD_CORRECT, Grade, IntegerGrader
+
+    class SolvedMarkerGrader(IntegerGrader):
+        def _grade_impl(self, pred_text: str, gold: str):
+            if gold == SOLVED:
+                return Grade(True, REWARD_CORRECT, True, False), False
+            return super()._grade_impl(pred_text, gold)
+
+    return SolvedMarkerGrader()
+
+
 @pytest.fixture(scope="module")
 def micro(tiny_model_dir):
+    import dataclasses
+
     import soar
-    from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
     from soar.worlds.arith import generate_problems
 
     cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}"])
-    # a carry-free dataset the model already solves: its groups tie, so skip_zero_adv skips its steps
     datasets = [generate_problems(3, c, 8, seed=40 + c, prefix=f"d{c}") for c in (0, 1, 2)]
+    datasets[0] = [dataclasses.replace(p, answer=SOLVED) for p in datasets[0]]  # solved: its steps are skipped
     qr = generate_problems(3, 3, 8, seed=4, prefix="qr")
-    return cfg, load_tokenizer(cfg.model), load_model(cfg.model), make_grader("integer"), datasets, qr
+    return cfg, load_tokenizer(cfg.model), load_model(cfg.model), solved_marker_grader(), datasets, qr
 
 
 @pytest.mark.parametrize("overrides", [
@@ -138,10 +157,10 @@ def micro(tiny_model_dir):
     ["inner.reward_metric=accuracy", "student.temperature=0.7"],
 ], ids=["gold_prob_kl", "sampled_accuracy_chunked", "greedy_accuracy_T0.7"])
 def test_stacked_students_are_the_students_trained_one_by_one(micro, overrides):
-    """Six students (3 datasets x 2 replicates, one dataset solved already, so its steps are skipped) trained
-    as one stacked model end where each ends trained alone (``train_student``, as the in-process executor
-    runs it): the same rollouts, rewards, skips and metrics, and weights and Q_R scores within the stated
-    tolerance."""
+    """Six students (3 datasets x 2 replicates; one dataset solved already by a stub grade,
+    ``solved_marker_grader``, so its students skip every step) trained as one stacked model end where
+    each ends trained alone (``train_student``, as the in-process executor runs it): the same rollouts,
+    rewards, skips and metrics, and weights and Q_R scores within the stated tolerance."""
     from omegaconf import OmegaConf
 
     from soar.students.batched import BatchedStudents
@@ -168,10 +187,13 @@ def test_stacked_students_are_the_students_trained_one_by_one(micro, overrides):
         wa, wb = dict(a.trainer.model.named_parameters()), dict(b.trainer.model.named_parameters())
         diff = torch.cat([(wa[k] - wb[k]).flatten() for k in wa])
         update = torch.cat([(wa[k] - named_base[k]).flatten() for k in wa])
+        if all(h["student/skipped_zero_adv"] for h in a.history):  # the solved dataset's: never moved, either way
+            assert update.abs().max() == 0 and diff.abs().max() == 0
+            continue
         assert update.abs().max() > 1e-4  # they did train (AdamW moves a weight about lr a step)
         assert diff.norm() <= WEIGHT_REL_L2 * update.norm()
         assert (diff.abs() > WEIGHT_STEP_FRAC * update.abs().max()).float().mean() <= WEIGHT_OUTLIERS
-    assert skipped >= 2  # the solved dataset's students skip (and the stacked path skips the same steps)
+    assert skipped >= 4  # the solved dataset's 2 students skip both steps (and the stacked path the same steps)
     # the promoted or dumped student is a model of the baseline's architecture holding that student
     export, stacked = together[3].trainer.export_model(), together[3].trainer
     assert type(export) is type(base)
