@@ -458,6 +458,11 @@ class FilterConfig:
     """Problems per source (``Problem.source``: ``data.name``, or ``data.source_key``'s column) held out
     of the band files (``bands/heldout.jsonl``) before any training: seeded, drawn from every band (the
     band-RL recipe: 25). The hard set ignores it (hard train/test are all of the 0/k problems, as without it)."""
+    max_overflow_frac: float = 0.5
+    """Refuse a hard set when more than this share of the 0/k problems' samples were cut at
+    ``filter.max_tokens`` before an answer: a truncated sample counts as a failure, so such a hard set
+    holds problems the model ran out of tokens on, not problems it fails. Raise ``filter.max_tokens``;
+    1.0 accepts any (a threshold only: free to change on resume)."""
 
 
 BANDS = ("all_zero", "mixed", "all_one")

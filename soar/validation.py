@@ -313,6 +313,8 @@ def _validate_filter(cfg, stage: str) -> None:
             fail("filter.pool", f"no data config {name!r} (conf/data/{name}.yaml)")
     if f.heldout_per_source < 0:
         fail("filter.heldout_per_source", f"must be >= 0, got {f.heldout_per_source}")
+    if not 0 <= f.max_overflow_frac <= 1:
+        fail("filter.max_overflow_frac", f"must be in [0, 1], got {f.max_overflow_frac}")
 
 
 def _validate_rl(cfg, stage: str) -> None:
