@@ -101,7 +101,7 @@ def load_checkpoint_state(source: str | Path | IO[bytes], mmap: bool = False) ->
     weights only (torch's restricted unpickler: tensors, numbers, text and containers, all a soar
     checkpoint holds), so a crafted file cannot run code; anything else is a ``CheckpointError`` naming
     the file. ``mmap``: map the tensors instead of reading them (a cheap check that a file loads)."""
-    name = getattr(source, "name", source)
+    name = source.name if hasattr(source, "read") else source  # an open file's path
     if hasattr(source, "seek"):
         source.seek(0)
     try:
@@ -109,7 +109,7 @@ def load_checkpoint_state(source: str | Path | IO[bytes], mmap: bool = False) ->
     except FileNotFoundError:
         raise CheckpointError(f"{name}: missing") from None
     except Exception as exc:  # pickle.UnpicklingError, RuntimeError (zip), EOFError, ...
-        unsafe = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+        unsafe = re.search(r"unsupported (?:global: )?GLOBAL ([\w.]+)", str(exc), re.IGNORECASE)
         if unsafe:
             raise CheckpointError(f"{name}: refused: it holds a Python object ({unsafe.group(1)}), not only tensors, "
                                   "numbers and text, and loading it could run code; not a soar checkpoint") from None

@@ -140,7 +140,7 @@ def snapshot(path: Path, attempts: int = 5) -> tuple[int | None, dict, IO[bytes]
     in ``path``; (None, {}, None) for a run without one. A checkpoint the run prunes while it is read
     (two newer ones were written) is replaced by the newest again."""
     for _ in range(attempts):
-        done = [c for c in finished_checkpoints(path / "checkpoints") if (c / "state.json").exists()]
+        done = finished_checkpoints(path / "checkpoints")
         if not done:
             return None, {}, None
         try:
