@@ -45,7 +45,7 @@ from soar.loop import LoopError, run_train
 from soar.memory_plan import PROMPT_TOKENS
 from soar.report import main as report
 from soar.rl import run_rl
-from soar.run import RunDirError, disk_full, latest_checkpoint
+from soar.run import RunDirError, console_above_bars, disk_full, latest_checkpoint
 from soar.rundata import RunDataError
 from soar.signals import EXIT_INTERRUPTED, EXIT_STOPPED, StoppedDuringSetup
 from soar.vllm_backend import EngineStartError
@@ -69,7 +69,8 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
     ``conf/<config_name>.yaml``. A user or environment error (bad config, data, run dir, a full
     disk) prints one line, ``soar: ...``, and exits 2; a traceback is printed only for bugs, or for
     every error with ``--verbose`` or ``HYDRA_FULL_ERROR=1``. ``--verbose`` also shows soar's DEBUG
-    logs (as Hydra's ``hydra.verbose=soar`` does): every metric of each ``soar-train`` step, not one line."""
+    logs (as Hydra's ``hydra.verbose=soar`` does): every metric of each ``soar-train`` step, not one line.
+    Log lines print above the progress bars on a terminal (``soar.run.console_above_bars``)."""
     register_configs()
     # conf/hydra/launcher/submitit_slurm.yaml lists every field of the plugin's schema of that name
     warnings.filterwarnings("ignore", message="(?s).*is validated against ConfigStore schema", category=UserWarning)
@@ -86,7 +87,8 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
             logging.getLogger("soar").setLevel(logging.DEBUG)
         run_dir = Path(cfg.run.dir or Path("runs") / cfg.run.name)
         try:
-            stage_fn(cfg)
+            with console_above_bars():  # Hydra's console handler, now configured: log lines above the bars
+                stage_fn(cfg)
         except Exception as exc:
             message = stage_error_message(exc, run_dir)
             job = _sweep_job()

@@ -563,7 +563,8 @@ class RunConfig:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Metric sinks: console, jsonl (always added), wandb, tensorboard."""
     progress: bool = True
-    """Show tqdm progress bars."""
+    """Show tqdm progress bars where stderr is a terminal; output redirected to a file or pipe gets none
+    (only the log lines, one a line)."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ import tempfile
 import unicodedata
 import zipfile
 import zlib
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -54,6 +55,24 @@ def render_prompt(template: str, question: str) -> str:
 
 class DataError(ValueError):
     """Bad input; the message names the file, row and field."""
+
+
+@contextmanager
+def quiet_datasets():
+    """``datasets``' progress bars ("Generating train split", "Saving the dataset") off while soar reads
+    or writes its own files: they would sit among soar's lines, and print frames into a redirected log.
+    ``datasets.disable_progress_bars``, restored afterwards; where the bars are already off, or
+    ``HF_DATASETS_DISABLE_PROGRESS_BARS`` decides them, nothing changes."""
+    import datasets
+
+    if datasets.utils.are_progress_bars_disabled() or "HF_DATASETS_DISABLE_PROGRESS_BARS" in os.environ:
+        yield
+        return
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.enable_progress_bars()
 
 
 def _builder(name: str) -> str:
@@ -237,7 +256,8 @@ def load_problems(data_cfg, path: str | None = None) -> list[Problem]:
         raise DataError(f"data.answer_normalizers: unknown {unknown} (known: {', '.join(ANSWER_NORMALIZERS)})")
     excluded = {str(i) for i in data_cfg.exclude_ids or ()}
     problems, bad, seen, dropped, unreadable = [], [], set(), set(), {}
-    rows = _read_rows(path, data_cfg.split, member, unreadable)
+    with quiet_datasets():
+        rows = _read_rows(path, data_cfg.split, member, unreadable)
     for index, message in unreadable.items():  # rows that are not JSON objects follow data.on_bad_row too
         bad.append(f"{where}: row {index}: {message}")
         if data_cfg.on_bad_row == "error":

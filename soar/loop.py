@@ -30,7 +30,6 @@ from contextlib import contextmanager
 
 import numpy as np
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
 
 from soar.diversity import DiversityMeter
 from soar.faults import maybe_die
@@ -41,7 +40,7 @@ from soar.policy.scores import problem_scores
 from soar.policy.trainer import SyncError
 from soar.prepare import read_train_inputs, setup_train
 from soar.rewards import as_problems, make_teacher_reward, merge_group_metrics, student_tasks_per_step
-from soar.run import MetricsLogger, outer_step_line
+from soar.run import MetricsLogger, outer_step_line, progress_bar, train_summary_text
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
@@ -229,6 +228,18 @@ def _model_cfg(cfg, path: str):
     return OmegaConf.merge(cfg.model, {"path": path})
 
 
+def outer_loop_bar(cfg, first_step: int, **tqdm_kwargs):
+    """``soar-train``'s progress bar from ``first_step`` to ``loop.steps``. It counts the steps' students
+    (datasets, for a reward that trains none): units of like cost, each counted when it is scored (stacked
+    students all at once), and its ETA is the run's mean rate (``smoothing=0``), since a step delivers its
+    units in a burst: tqdm's default rate, a moving average of the last updates, took the first update's
+    one student for the whole first step's time (ETA 1:01:43 for a 7-minute job)."""
+    students = student_tasks_per_step(cfg)
+    per_step = students or cfg.teacher.groups_per_step * cfg.teacher.datasets
+    return progress_bar(cfg.run.progress, total=(cfg.loop.steps - first_step) * per_step, desc="soar-train",
+                        unit="student" if students else "dataset", smoothing=0, **tqdm_kwargs)
+
+
 def run_train(cfg) -> dict:
     """The ``soar-train`` stage: hard set -> outer loop -> Promotion Questions (``pq.jsonl``)."""
     # SIGTERM/SIGUSR1: during setup stop at once (StoppedDuringSetup), then checkpoint at the next step boundary
@@ -249,9 +260,7 @@ def _train(cfg, stage, stop) -> dict:
     loop = Loop(cfg, run, stage.tokenizer, stage.model, hard)
     metrics_log = MetricsLogger(run, resume_step=loop.state.step if run.resume_from is not None else None,
                                 console_line=lambda step, metrics: outer_step_line(step, metrics, cfg))
-    per_step = student_tasks_per_step(cfg) or cfg.teacher.groups_per_step * cfg.teacher.datasets  # bar: students or datasets
-    bar = tqdm(total=(cfg.loop.steps - loop.state.step) * per_step, desc="soar-train", unit="student",
-               disable=not cfg.run.progress)
+    bar = outer_loop_bar(cfg, loop.state.step)
     stop.setup_done()
     try:
         for t in range(loop.state.step, cfg.loop.steps):
@@ -273,5 +282,5 @@ def _train(cfg, stage, stop) -> dict:
                "hard_set": hard.source, "ungradable_golds": hard.ungradable, "run_dir": str(run.path)}
     (run.path / "summary.json").write_text(json.dumps(summary, indent=2))
     metrics_log.close()
-    print(json.dumps({k: summary[k] for k in ("steps", "pq_size", "run_dir")} | {"promotions": len(summary["promotions"])}))
+    print(train_summary_text(summary), flush=True)
     return summary

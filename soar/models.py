@@ -65,6 +65,24 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 @contextmanager
+def quiet_transformers():
+    """transformers' progress bars ("Loading weights", "Writing model shards") off while soar loads or
+    saves a model itself: the bar would sit among soar's own lines, and print its frames into a log.
+    ``transformers.utils.logging.disable_progress_bar``, restored afterwards; where the bars are already
+    off, or ``HF_HUB_DISABLE_PROGRESS_BARS`` decides them, nothing changes."""
+    from transformers.utils import logging as hf_logging
+
+    if not hf_logging.is_progress_bar_enabled() or "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
+@contextmanager
 def _model_load_errors(model_cfg, what: str):
     """A model folder or hub id that cannot be loaded is the user's to fix: one ``ConfigError`` naming
     ``model.path`` instead of transformers' chained tracebacks. A local folder's ``config.json`` is
@@ -124,7 +142,7 @@ def load_tokenizer(model_cfg):
 def load_model(model_cfg):
     from transformers import AutoModelForCausalLM
 
-    with _model_load_errors(model_cfg, "model"):
+    with _model_load_errors(model_cfg, "model"), quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(
             model_cfg.path,
             revision=model_cfg.revision,
@@ -210,10 +228,11 @@ def is_peft(model) -> bool:
 
 def save_policy(model, tokenizer, out_dir) -> None:
     """HF-format policy (merged) plus the adapter itself under ``adapter/`` for a peft model."""
-    if is_peft(model):
-        model.save_pretrained(str(out_dir) + "/adapter")
-    export_policy(model).save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    with quiet_transformers():  # a promotion's save, between the outer loop's step lines
+        if is_peft(model):
+            model.save_pretrained(str(out_dir) + "/adapter")
+        export_policy(model).save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
 
 
 __all__ = ["build_char_tokenizer", "build_tiny_llama", "load_tokenizer", "load_model",

@@ -62,11 +62,101 @@ def _plot_runs(ax, runs, data, name, label=None, **kw):
 
 def _save(fig, out: Path, name: str, figures: list[str]) -> None:
     fig.tight_layout()
-    fig.savefig(out / name, dpi=90)
+    fig.savefig(out / name, dpi=90, bbox_inches="tight")  # legends placed below the axes included
     figures.append(name)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+REWARD_UNITS = {"accuracy": "greedy accuracy", "gold_prob": "gold-answer probability",
+                "gold_logprob": "gold-answer log-prob, nats"}
+"""What a grounded reward is a gain in, per ``inner.reward_metric`` (the reward plots' y label)."""
+
+
+def moving_average_segments(steps: list[int], averages: list[float | None],
+                            reset_after: set[int] | frozenset[int] = frozenset()) -> list[tuple[list[int], list[float]]]:
+    """The moving average as line pieces ``(steps, values)``, one per unbroken stretch. A None (a window
+    still filling) ends a piece, and so does each step in ``reset_after``: the promotion steps when
+    ``promotion.reset_window`` restarts the window there, from rewards against the new baseline. So no
+    line joins the averages of two baselines (a straight line across a reset shows a trend that did not
+    happen)."""
+    pieces, xs, ys = [], [], []
+    for step, value in zip(steps, averages):
+        if value is not None:
+            xs.append(step)
+            ys.append(float(value))
+        if (value is None or step in reset_after) and xs:
+            pieces.append((xs, ys))
+            xs, ys = [], []
+    if xs:
+        pieces.append((xs, ys))
+    return pieces
+
+
+def draw_teacher_reward(ax, run: RunData, colors: tuple[str, str, str], prefix: str = "") -> None:
+    """One run's teacher reward per outer step on ``ax``: the step reward, its moving average broken at
+    each window reset (``moving_average_segments``), and its promotions (a star on the step, a dotted
+    vertical line), in ``colors`` (reward, moving average, promotions); labels in words, ``prefix``
+    naming the run where a plot holds several."""
+    cfg, rows = run.config, run.metrics
+    steps = [r["step"] for r in rows]
+    rewards = [r["teacher/reward_mean"] for r in rows]
+    datasets = cfg.teacher.groups_per_step * cfg.teacher.datasets
+    ax.plot(steps, rewards, marker=".", color=colors[0],
+            label=f"{prefix}step reward: the mean over the step's {datasets} teacher datasets")
+    resets = {p["step"] for p in run.promotions} if cfg.promotion.reset_window else set()
+    pieces = moving_average_segments(steps, [r.get("promotion/moving_average") for r in rows], resets)
+    label = f"{prefix}moving average of the last {cfg.promotion.window} step rewards (restarts after a promotion)"
+    for i, (xs, ys) in enumerate(pieces):  # markers: a piece may be a single step
+        ax.plot(xs, ys, ls="--", marker="s", markersize=3, color=colors[1], zorder=6, label=label if i == 0 else None)
+    promoted = [p["step"] for p in run.promotions]
+    for s in promoted:
+        ax.axvline(s, color=colors[2], ls=":", alpha=0.7)
+    label = f"{prefix}promotion: a student of the best dataset becomes the baseline" if promoted else None
+    ax.scatter(promoted, [dict(zip(steps, rewards)).get(s, np.nan) for s in promoted], marker="*", s=150,
+               color=colors[2], zorder=5, label=label)
+
+
+def draw_zero_and_tau(ax, tau: float | None) -> None:
+    """A zero line, and τ (unless None) after the data: the axes keep the data's range (a τ of -1, which
+    always promotes, would squash every reward into a line); a τ outside it is named so in the legend."""
+    ax.axhline(0, color="grey", lw=0.5)
+    if tau is None:
+        return
+    low, high = ax.get_ylim()
+    where = "" if low <= tau <= high else f" ({'below' if tau < low else 'above'} the plotted range)"
+    ax.axhline(tau, color="tab:red", ls=":", lw=1.2, label=f"τ = {tau:g}: the promotion threshold for the moving "
+                                                            f"average{where}")
+    ax.set_ylim(low, high)
+
+
+def reward_axes_labels(ax, cfg, title: str) -> None:
+    """Axis labels and title of a teacher-reward plot, and its legend below the axes (never over τ or a line)."""
+    ylabel = (f"reward: the students' gain in {REWARD_UNITS.get(cfg.inner.reward_metric, cfg.inner.reward_metric)}"
+              if cfg.teacher.reward == "grounded" else f"{cfg.teacher.reward} reward")
+    ax.set(xlabel="outer step", ylabel=ylabel, title=title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.17), ncol=1, frameon=False)
+
+
+def reward_plot(run_dir: str | Path, out: str | Path) -> Path:
+    """One run's teacher reward (``draw_teacher_reward``, τ) as a PNG at ``out`` (``scripts/quickstart.sh``'s
+    ``reward.png``); returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = read_run(run_dir)
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    draw_teacher_reward(ax, run, ("C0", "C1", "C2"))
+    draw_zero_and_tau(ax, run.config.promotion.tau if run.config.promotion.enabled else None)
+    reward_axes_labels(ax, run.config, f"SOAR teacher reward per outer step ({run.path.name}, seed {run.config.seed})")
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return out
 
 
 def plot_training(runs: list[RunData], data: dict, out: Path) -> list[str]:
@@ -79,22 +169,14 @@ def plot_training(runs: list[RunData], data: dict, out: Path) -> list[str]:
     # teacher reward, MA, tau, promotions: one panel per reward kind (grounded and intrinsic
     # rewards are on different scales and mean different things)
     kinds = sorted({run.config.teacher.reward for run in runs})
-    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 4.5), squeeze=False)
+    # taller by the legend below the axes: three lines a run
+    fig, axes = plt.subplots(1, len(kinds), figsize=(7 * len(kinds), 4.5 + 0.6 * len(runs)), squeeze=False)
     for i, run in enumerate(runs):
-        d, ax = data[run.run_id], axes[0][kinds.index(run.config.teacher.reward)]
-        line = ax.plot(*d["reward"], marker=".", color=f"C{i % 10}", label=f"{run.run_id} R (mean over datasets)")[0]
-        if d["moving_average"][0]:
-            ax.plot(*d["moving_average"], ls="--", color=line.get_color(),
-                    label=f"{run.run_id} moving average ({run.config.promotion.window} steps)")
-        for s in d["promotion_steps"]:
-            ax.axvline(s, color=line.get_color(), ls=":", alpha=0.7)
-        ax.scatter(d["promotion_steps"], [dict(zip(*d["reward"])).get(s, np.nan) for s in d["promotion_steps"]],
-                   marker="*", s=150, color=line.get_color(), zorder=5)
+        draw_teacher_reward(axes[0][kinds.index(run.config.teacher.reward)], run, (f"C{i % 10}",) * 3, f"{run.run_id}: ")
     for kind, ax in zip(kinds, axes[0]):
-        if kind == "grounded":
-            ax.axhline(runs[0].config.promotion.tau, color="k", lw=0.8, label=f"tau = {runs[0].config.promotion.tau}")
-        ax.set(xlabel="outer step", ylabel=f"{kind} reward", title=f"Teacher reward, {kind} (stars / dotted: promotions)")
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=2, frameon=False)
+        first = next(run for run in runs if run.config.teacher.reward == kind)
+        draw_zero_and_tau(ax, first.config.promotion.tau if kind == "grounded" and first.config.promotion.enabled else None)
+        reward_axes_labels(ax, first.config, f"Teacher reward, {kind}")
     _save(fig, out, "teacher_reward.png", figures)
 
     fig, ax = plt.subplots(figsize=(8, 4))  # per-dataset replicate gains

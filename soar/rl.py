@@ -26,7 +26,6 @@ import logging
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from soar.coach import Advisor, make_coach
 from soar.data import DataError, load_problems, render_prompt
@@ -34,7 +33,7 @@ from soar.filters.failk import load_band
 from soar.grading import make_grader
 from soar.models import load_model
 from soar.policy.trainer import RLOOTrainer
-from soar.run import MetricsLogger, load_checkpoint_state
+from soar.run import MetricsLogger, load_checkpoint_state, progress_bar
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.students.trainer import batch_indices
@@ -97,8 +96,8 @@ def run_rl(cfg) -> dict:
 
         if eval_problems and start == 0:
             metrics_log.log(0, eval_metrics(0))
-        bar = tqdm(range(start, s.max_steps), desc="soar-rl", initial=start, total=s.max_steps,
-                   disable=not cfg.run.progress, unit="step")
+        bar = progress_bar(cfg.run.progress, iterable=range(start, s.max_steps), desc="soar-rl", initial=start,
+                           total=s.max_steps, unit="step")
         last = {}
         for step in bar:
             batch = [problems[i] for i in batch_indices(len(problems), step, s.questions_per_step, cfg.seed)]

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from soar.config import SoarConfig
 from soar.hydra_config import register_configs
-from soar.run import CheckpointError, finished_checkpoints, load_checkpoint_state
+from soar.run import CheckpointError, finished_checkpoints, load_checkpoint_state, plural
 
 
 class RunDataError(ValueError):
@@ -173,6 +173,6 @@ def check_eligible(run: RunData, pq_cfg, what: str) -> bool:
         return True
     if pq_cfg.allow_ineligible:
         return False
-    raise RunDataError(f"{run.path}: {n} promotions (PQ has {len(run.pq)} questions; pq.min_promotions="
+    raise RunDataError(f"{run.path}: {plural(n, 'promotion')} (PQ has {plural(len(run.pq), 'question')}; pq.min_promotions="
                        f"{pq_cfg.min_promotions}): nothing to {what}. Set pq.allow_ineligible=true to "
                        f"{what} it anyway (0 promotions: an empty PQ).")

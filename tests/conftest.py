@@ -61,11 +61,12 @@ def default_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 300, check: bool = True):
-    """Run a console script in a subprocess with small thread counts; returns CompletedProcess."""
+def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 300, check: bool = True, merge_stderr: bool = False):
+    """Run a console script in a subprocess with small thread counts; returns CompletedProcess. With
+    ``merge_stderr`` stderr goes into stdout, as in a log file of ``cmd > log 2>&1`` (not a terminal)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    res = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                         preexec_fn=default_signals)
+    res = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True, timeout=timeout,
+                         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, preexec_fn=default_signals)
     if check and res.returncode != 0:
         raise AssertionError(f"{args} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res

@@ -144,6 +144,13 @@ def solved_marker_grader():
     return SolvedMarkerGrader()
 
 
+class Updates(list):
+    """Records a progress bar's updates."""
+
+    def update(self, n: int) -> None:
+        self.append(n)
+
+
 @pytest.fixture(scope="module")
 def micro(tiny_model_dir):
     import dataclasses
@@ -181,7 +188,9 @@ def test_stacked_students_are_the_students_trained_one_by_one(micro, overrides):
     alone = [runner.run(base, task, qr) for task in tasks]  # soar.students.trainer.train_student, one by one
     executor = make_students(OmegaConf.merge(cfg, {"resources": {"batched": True}}), tok, grader, ARITH_TEMPLATE)
     assert isinstance(executor, BatchedStudents)
-    together = executor.run(tasks, base, qr)
+    progress = Updates()
+    together = executor.run(tasks, base, qr, progress)
+    assert progress == [6]  # trained together, counted together: no bar frame shows one student for all six
     named_base = dict(base.named_parameters())
     skipped = trained = 0
     for a, b in zip(alone, together):

@@ -2,9 +2,13 @@
 ``experiment=arith_micro`` (loop.steps=6, inner.reward_metric=gold_prob as in the preset), Grounded-T and
 Base-T (teacher.frozen=true), each packed by dev/confirm/pack.py, with fresh students (soar-eval, 4 steps;
 seeds 0 and 2) and the paired reading (after_promotion.py --against); how it was made is in its README.md.
-Its numbers are checked against a computation written out here from the sample's own files."""
+Its numbers are checked against a computation written out here from the sample's own files.
+
+Here rather than beside dev/confirm: the README's test command runs tests/, and the confirmation's verdict is
+a claim the README and docs/results.md make, so its analysis is checked wherever the project's tests run."""
 
 import gzip
+import hashlib
 import itertools
 import json
 import math
@@ -113,3 +117,27 @@ def test_no_interim_looks_and_the_protocols_steps(tmp_path):
     # runs shorter than the protocol's 40 steps: refused
     proc, out = analyze(tmp_path, "--seeds", "0", "1", "2", "--allow-partial")
     assert proc.returncode != 0 and "the protocol's 40" in proc.stderr and not out.exists()
+
+
+CONFIRM = REPO / "dev" / "confirm"
+
+
+@pytest.mark.skipif(not (CONFIRM / "results.json").exists(), reason="the confirmation is not finished "
+                    "(dev/confirm/results.json does not exist yet; `run.py --analyze` writes it)")
+def test_the_committed_result_is_the_registered_analysis():
+    """dev/confirm/results.json came from ``analyze.py`` with its defaults (recorded by ``run.py --analyze``),
+    covers every registered seed, and its t is the paired t of its own per-seed differences."""
+    record = json.loads((CONFIRM / "analysis.json").read_text())
+    results = (CONFIRM / "results.json").read_bytes()
+    assert record["command"] == "python dev/confirm/analyze.py" and record["arguments"] == []
+    assert record["results_sha256"] == hashlib.sha256(results).hexdigest()
+    res = json.loads(results)
+    sys.path.insert(0, str(CONFIRM))
+    from run import protocol, seeds
+
+    assert res["seeds"] == seeds(protocol()) and len(res["seeds"]) == len(protocol()["seeds"])
+    d = [res["primary"]["per_seed"][str(s)]["difference"] for s in res["seeds"]]
+    n, mean = len(d), sum(d) / len(d)
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
+    assert res["primary"]["paired_t"]["t"] == pytest.approx(mean / se)
+    assert res["primary"]["paired_t"]["p"] == pytest.approx(stats.t.sf(mean / se, n - 1))

@@ -1,5 +1,8 @@
 """The world gate's statistics (``dev/scripts/compare_teachers.py``) on hand-made runs, and its oracle
-trajectories on a real step dump layout."""
+trajectories on a real step dump layout.
+
+Here rather than beside dev/scripts: the README's test command runs tests/, and docs/results.md cites the gate's
+numbers from this script, so its statistics are checked wherever the project's tests run."""
 
 import importlib.util
 import json

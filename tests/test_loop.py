@@ -4,6 +4,7 @@ uninterrupted run byte for byte (PQ, promotion log) and value for value (metrics
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -28,17 +29,20 @@ def comparable_metrics(run_dir):
 
 @pytest.fixture(scope="module")
 def reference_run(tiny_model_dir, tmp_path_factory):
+    """The micro run as a user runs it with its output in a log file (``> log 2>&1``): progress bars on
+    (the default), stdout and stderr in one stream that is not a terminal; ``res.stdout`` is that log."""
     run_dir = tmp_path_factory.mktemp("loop") / "reference"
     t0 = time.perf_counter()
-    res = run_cli(micro_args(tiny_model_dir, run_dir), timeout=300)
+    args = [a for a in micro_args(tiny_model_dir, run_dir) if a != "run.progress=false"]
+    res = run_cli(args, timeout=300, merge_stderr=True)
     return run_dir, res, time.perf_counter() - t0
 
 
 @pytest.mark.slow
 def test_micro_run_writes_metrics_checkpoints_pq_and_promotes_once(reference_run):
     run_dir, res, seconds = reference_run
-    summary = json.loads(res.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == 3 and summary["promotions"] == 1 and summary["pq_size"] == 8
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3 and len(summary["promotions"]) == 1 and summary["pq_size"] == 8
     rows = comparable_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
     # tau=-1 with a 2-step window: the first full window (step 2) promotes, then the window resets.
@@ -82,6 +86,28 @@ def test_the_console_shows_one_readable_line_per_outer_step(reference_run):
         for r, average, count in zip(rows, averages, [0, 1, 1])]
     assert "promotion 1 at step 2: moving average" in res.stdout
     assert "teacher/pg_loss" not in res.stdout and "grading/" not in res.stdout
+
+
+@pytest.mark.slow
+def test_a_redirected_log_holds_one_line_per_step_no_bar_frames_and_names_the_outputs(reference_run):
+    """Output in a file (not a terminal): no progress bar frames (soar's, transformers' "Loading
+    weights", datasets' "Generating train split"), so each step line stands on a line of its own; the
+    run ends with one summary, in words, naming PQ's file and the promoted student's folder."""
+    run_dir, res, _ = reference_run
+    log = res.stdout
+    assert "\r" not in log  # a bar redraws itself with carriage returns
+    noise = (r"\d+%\||it/s|student/s|Loading weights|Writing model shards|Generating train split|Saving the dataset"
+             r"|Loading SentenceTransformer")
+    assert not re.search(noise, log), log
+    lines = log.splitlines()
+    assert [line[:9] for line in lines if "| reward mean " in line] == ["step 1/3 ", "step 2/3 ", "step 3/3 "]
+    promoted = json.loads((run_dir / "promotions.jsonl").read_text().splitlines()[0])
+    summary = lines[lines.index(next(line for line in lines if line.startswith("soar-train: "))):]
+    assert summary[0] == f"soar-train: 3 outer steps, 1 promotion, 8 Promotion Questions in {run_dir / 'pq.jsonl'}"
+    assert summary[1].startswith(f"  promotion 1 at step 2: {run_dir / 'promoted' / 'promotion_01'} (greedy accuracy")
+    assert (run_dir / promoted["path"]).is_dir()
+    assert summary[2] == f"  metrics: {run_dir / 'metrics.jsonl'}; summary: {run_dir / 'summary.json'}"
+    assert len(summary) == 3 and "{" not in log.split("soar-train: ")[-1]  # once, not also as JSON
 
 
 def test_the_step_line_without_an_oracle_or_promotion():
@@ -303,10 +329,10 @@ def test_lora_teacher_and_students(reference_run, tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_quickstart_prints_rewards_promotions_and_pq_size_and_plots(reference_run, tiny_model_dir, tmp_path):
+def test_quickstart_names_its_outputs_and_plots_the_reward(reference_run, tiny_model_dir, tmp_path):
     """``scripts/quickstart.sh`` (the README's main command) on a copy of the micro run: soar-train resumes
-    the finished run (nothing left to train), then the script prints the step rewards, the promotion and
-    the PQ size, and writes the reward plot."""
+    the finished run (nothing left to train) and prints its summary once, naming PQ's file; the script
+    writes the reward plot and says where."""
     import shutil
 
     from conftest import REPO
@@ -321,8 +347,8 @@ def test_quickstart_prints_rewards_promotions_and_pq_size_and_plots(reference_ru
     rows = comparable_metrics(run_dir)
     assert len(rows) == 3  # resumed at its end: no step trained twice
     lines = res.stdout.splitlines()
-    assert "3 outer steps, 1 promotions, 8 Promotion Questions" in lines
-    rewards = " ".join(f"{r['teacher/reward_mean']:+.3f}" for r in rows)
-    assert f"step reward (mean over datasets): {rewards}" in lines
-    assert any(line.startswith("promotion 1 at step 2: ") for line in lines)
+    assert [line for line in lines if line.startswith("soar-train: ")] == \
+        [f"soar-train: 3 outer steps, 1 promotion, 8 Promotion Questions in {run_dir / 'pq.jsonl'}"]
+    assert any(line.startswith(f"  promotion 1 at step 2: {run_dir / 'promoted' / 'promotion_01'} ") for line in lines)
+    assert lines[-1] == f"reward plot: {run_dir / 'reward.png'}"
     assert (run_dir / "reward.png").stat().st_size > 10_000

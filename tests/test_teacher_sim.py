@@ -1,6 +1,9 @@
 """``dev/scripts/teacher_sim.py`` (the teacher's update against a synthetic, oracle-valued reward) on the
 shipped world: ``--value-scale`` puts the values in other units, and ``explained_frac`` is the share
-of the rewards' variance the values carry (all of it without noise)."""
+of the rewards' variance the values carry (all of it without noise).
+
+Here rather than beside dev/scripts: the README's test command runs tests/, and docs/world.md's choice of g and n
+rests on this script, so it is checked wherever the project's tests run."""
 
 import json
 import subprocess

@@ -1,8 +1,9 @@
-"""The confirmation's secondary readings (PROTOCOL.md a-c), run from the frozen commit's code once every
-registered pair has finished, and packed beside the runs for ``analyze.py``.
+"""The confirmation's secondary readings (PROTOCOL.md a-c), run from the frozen commit's code, seed by seed as
+each pair finishes (amendment 1: run folders do not outlive a session's machine), and packed beside the runs
+for ``analyze.py``. ``run.py`` calls it after each pair; by hand:
 
     nice -n 10 python dev/confirm/secondary.py --code /work/confirm/code --runs /work/confirm/runs \
-        --out /work/confirm/secondary --raw /work/confirm/raw         # resumable: finished parts are kept
+        --out /work/confirm/secondary --seeds 7        # resumable: finished parts are kept
 
 a. ``after_promotion.py GT --against BT --promotion 1 --from-step 28 --datasets 13 --students 1
    --variants as_written`` per seed whose Grounded-T run promoted -> ``raw/paired_s<seed>.json``;
@@ -19,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,12 +39,16 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="where the secondary readings' own runs go")
     ap.add_argument("--raw", default=str(HERE / "raw"))
     ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--seeds", type=int, nargs="+", help="registered seeds whose pairs have finished (default: all)")
     args = ap.parse_args()
     code, runs, out, raw = (Path(p).resolve() for p in (args.code, args.runs, args.out, args.raw))
-    seed_list = seeds(protocol())
+    registered = seeds(protocol())
+    seed_list = args.seeds or registered
+    if not set(seed_list) <= set(registered):
+        raise SystemExit(f"--seeds {sorted(set(seed_list) - set(registered))}: not registered seeds ({registered})")
     missing = [s for s in seed_list for v in ("grounded", "base") if not (runs / f"{v}_s{s}" / "summary.json").exists()]
     if missing:
-        raise SystemExit(f"runs not finished for seeds {sorted(set(missing))}: the secondary readings come after all")
+        raise SystemExit(f"runs not finished for seeds {sorted(set(missing))}: a seed's readings come after its pair")
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
            "TOKENIZERS_PARALLELISM": "false"}
@@ -64,11 +70,17 @@ def main() -> None:
     with ThreadPoolExecutor(args.parallel) as pool:
         list(pool.map(paired, seed_list))
     methods = out / "methods"
+    started = time.time()
     with open(out / "compare_methods.log", "a") as log:
+        # Its last part needs compare_teachers.py's gate.json, which the confirmation has none of (nothing
+        # here reads that part); compare_methods.json is written once every fresh student has its eval.json.
         subprocess.run([sys.executable, str(code / "dev" / "scripts" / "compare_methods.py"), "--out", str(methods),
                         "--gate", str(runs), "--seeds", *map(str, seed_list), "--rows", *ROWS, "--students", "1",
                         "--min-promotions", "1", "--parallel", str(args.parallel)],
-                       env=env, cwd=code, stdout=log, stderr=subprocess.STDOUT, check=True)
+                       env=env, cwd=code, stdout=log, stderr=subprocess.STDOUT)
+    done = methods / "compare_methods.json"
+    if not done.exists() or done.stat().st_mtime < started:
+        raise SystemExit(f"compare_methods.py did not finish its fresh students; see {out / 'compare_methods.log'}")
     for path in (methods / "eval").glob("*_s*/eval.json"):
         label = json.loads(path.read_text())["label"]
         k = int(path.parent.name.rsplit("_s", 1)[1])
@@ -81,6 +93,11 @@ def main() -> None:
             card = runs / f"{variant}_s{s}" / "export_pq" / "export.json"
             if card.exists():
                 shutil.copyfile(card, raw / f"{variant}_s{s}" / "export_pq.json")
+        # what this seed's readings hold; run.py reads it as "done" (raw/ is committed, the run folders are not)
+        (raw / f"secondary_s{s}.json").write_text(json.dumps({
+            "seed": s, "paired": (raw / f"paired_s{s}.json").exists(),
+            "fresh_rows": sorted(p.parent.name.rsplit("_s", 1)[0] for p in (raw / "fresh").glob(f"*_s{s}/eval.json"))},
+            indent=1))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
 
 from soar.config import BANDS, ConfigError
 from soar.data import (
@@ -30,6 +29,7 @@ from soar.data import (
     dedupe_questions,
     load_problem_records,
     load_problems,
+    quiet_datasets,
     render_prompt,
     write_jsonl,
     write_pool,
@@ -38,6 +38,7 @@ from soar.generation import SamplingParams, make_generator
 from soar.grading import make_grader
 from soar.hydra_config import data_group
 from soar.models import check_context, model_context, model_fingerprint
+from soar.run import progress_bar
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.worlds.base import build_pool_hook
@@ -178,7 +179,7 @@ def run_filter(problems: list[Problem], generator, grader, cfg, out_dir: Path, p
     log.info("fail@%d on %d problems: %d done, %d batches to go", f.k, len(problems), len(done), len(todo))
 
     t0, n_samples = time.perf_counter(), 0
-    bar = tqdm(total=len(problems), initial=len(done), desc=f"fail@{f.k}", unit="prob", disable=not progress)
+    bar = progress_bar(progress, total=len(problems), initial=len(done), desc=f"fail@{f.k}", unit="prob")
     for b in todo:
         batch = batches[b]
         params = SamplingParams(n=f.k, temperature=f.temperature, max_tokens=f.max_tokens,
@@ -291,8 +292,9 @@ def save_splits(splits: dict[str, list[dict]], columns: dict[str, str], path: Pa
 
     features = datasets.Features({c: datasets.Value(t) for c, t in columns.items()})
     # from_dict, not from_list: datasets 5.2 drops the features of an empty list (an empty split)
-    datasets.DatasetDict({k: datasets.Dataset.from_dict({c: [r[c] for r in v] for c in features}, features=features)
-                          for k, v in splits.items()}).save_to_disk(str(path))
+    with quiet_datasets():
+        datasets.DatasetDict({k: datasets.Dataset.from_dict({c: [r[c] for r in v] for c in features}, features=features)
+                              for k, v in splits.items()}).save_to_disk(str(path))
 
 
 def heldout_ids(problems, per_source: int, seed: int) -> list[str]:

@@ -184,8 +184,8 @@ class BatchedStudents:
                                          StackedStudent(stack, s, baseline, self.tokenizer, self.cfg.backend.batch_size),
                                          {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}))
             maybe_die("student", task.step)
-            if progress is not None:
-                progress.update(1)
+        if progress is not None:  # trained together, finished together: one update (its ETA counts them all)
+            progress.update(len(tasks))
         return results
 
     # ---- pieces of one inner step ---------------------------------------------------------------

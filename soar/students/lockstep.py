@@ -92,8 +92,8 @@ class LockstepStudents:
             results.append(StudentResult(correct, {"qr": float(np.mean(correct["qr"]))}, history, trainer,
                                          {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}))
             maybe_die("student", task.step)
-            if progress is not None:
-                progress.update(1)
+        if progress is not None:  # trained together, finished together: one update (its ETA counts them all)
+            progress.update(len(tasks))
         return results
 
     def close(self) -> None:

@@ -24,14 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from soar.config import ConfigError
 from soar.data import Problem, render_prompt, write_jsonl
 from soar.generation import HFGenerator, correctness
 from soar.grading import make_grader
 from soar.models import build_char_tokenizer, build_tiny_llama, set_threads
-from soar.run import RunDir, foreign_folder
+from soar.run import RunDir, foreign_folder, progress_bar
 from soar.seeding import derive_seed
 from soar.teachers.prompts import format_pair
 from soar.worlds.base import World, register_world
@@ -377,7 +376,7 @@ def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: b
     stop_acc = {int(c): float(thr) for c, thr in wcfg.stop_acc}
     eval_sets = {c: generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 1, "eval") for c in stop_acc}
     t0, history, stopped_at = time.perf_counter(), [], None
-    bar = tqdm(range(1, wcfg.max_steps + 1), desc="pretrain", disable=not progress)
+    bar = progress_bar(progress, iterable=range(1, wcfg.max_steps + 1), desc="pretrain")
     for step in bar:
         as_teacher = rng.random(wcfg.batch_size) < wcfg.teacher_frac
         texts, prompt_lens, masked_spans = [], [], []
