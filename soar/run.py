@@ -672,10 +672,12 @@ class MetricsLogger:
 
 
 def wandb_run_id(run_path: Path, name: str) -> str:
-    """The W&B id of the run in ``run_path``: its name and a digest of its ``meta.json`` (written once,
-    when the run began), so a resume continues the run's own W&B run (``resume="allow"``) and another
-    run of the same name (another folder, or this one deleted and begun again) gets its own."""
-    digest = hashlib.sha256((Path(run_path) / "meta.json").read_bytes()).hexdigest()[:12]
+    """The W&B id of the run in ``run_path``: its name and a digest of its folder and its ``meta.json``
+    (written once, when the run began), so a resume continues the run's own W&B run (``resume="allow"``)
+    and another run of the same name (another folder, even begun in the same second with the same
+    settings, or this one deleted and begun again) gets its own."""
+    where = str(Path(run_path).resolve()).encode() + b"\0"
+    digest = hashlib.sha256(where + (Path(run_path) / "meta.json").read_bytes()).hexdigest()[:12]
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', str(name))[:48]}-{digest}"
 
 
