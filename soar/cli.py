@@ -32,7 +32,9 @@ import warnings
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
 from soar.config import ConfigError
@@ -81,6 +83,8 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
     debug_logs = "--verbose" in args
     sys.argv = [sys.argv[0], *rewrite_shortcuts([a for a in args if a != "--verbose"])]  # hydra.main reads argv
 
+    refused: list[str] = []  # a sweep's refused jobs
+
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name=config_name)
     def _run(cfg) -> None:
         if debug_logs:  # after Hydra has configured logging (as hydra.verbose=soar would)
@@ -90,7 +94,13 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
             with console_above_bars():  # Hydra's console handler, now configured: log lines above the bars
                 stage_fn(cfg)
         except Exception as exc:
-            _exit_if_user_error(stage_error_message(exc, run_dir), verbose)
+            message = stage_error_message(exc, run_dir)
+            job = _sweep_job()
+            if message is not None and job is not None and not verbose:  # the sweep's other jobs still run
+                refused.append(job)
+                print(f"soar: sweep job {job} refused: " + " ".join(message.split()), file=sys.stderr, flush=True)
+                raise SweepJobRefused(message) from None
+            _exit_if_user_error(message, verbose)
             raise
         except (KeyboardInterrupt, StoppedDuringSetup) as exc:
             _exit_stopped(exc, run_dir, verbose)
@@ -98,12 +108,29 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises composition errors instead of printing them
     try:
         _run()
+    except SweepJobRefused:  # raised once every job of the sweep has run
+        print(f"soar: {len(refused)} sweep job(s) refused ({', '.join(refused)}), each named above; the others ran",
+              file=sys.stderr)
+        sys.exit(2)
     except (HydraException, OmegaConfBaseException) as exc:  # composing the config failed: a bad override
         cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else None
         _exit_if_user_error(f"config error: {exc}" + (f" ({cause})" if cause else ""), verbose)
         raise
     except KeyboardInterrupt as exc:  # before the stage started: nothing written
         _exit_stopped(exc, None, verbose)
+
+
+class SweepJobRefused(Exception):
+    """A job of a ``-m`` sweep refused with a user error: Hydra records it as failed and runs the other
+    jobs (an exit would end the sweep there), then raises the first such error."""
+
+
+def _sweep_job() -> str | None:
+    """``#N (overrides)`` of the running Hydra multirun job, None outside a sweep."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    hydra_cfg = HydraConfig.get()
+    return f"#{hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)})"
 
 
 def _exit_stopped(exc: BaseException, run_dir: Path | None, verbose: bool) -> None:

@@ -462,6 +462,11 @@ class FilterConfig:
     heldout_frac: float = 0.0
     """Instead of ``heldout_per_source``: this fraction of each source held out (rounded), so small sources
     keep most of their problems in training (``experiment=band_rl``: 0.2). At most one of the two is set."""
+    max_overflow_frac: float = 0.5
+    """Refuse a hard set when more than this share of the 0/k problems' samples were cut at
+    ``filter.max_tokens`` before an answer: a truncated sample counts as a failure, so such a hard set
+    holds problems the model ran out of tokens on, not problems it fails. Raise ``filter.max_tokens``;
+    1.0 accepts any (a threshold only: free to change on resume)."""
 
 
 BANDS = ("all_zero", "mixed", "all_one")

@@ -13,8 +13,10 @@ import json
 import logging
 import os
 import re
+import stat
 import string
 import tempfile
+import unicodedata
 import zipfile
 import zlib
 from contextlib import contextmanager
@@ -246,6 +248,7 @@ def load_problems(data_cfg, path: str | None = None) -> list[Problem]:
     rule, exclusions and answer normalisation; bad rows are reported with file, row and field and
     skipped or rejected per ``data_cfg.on_bad_row``."""
     path = path or data_cfg.path
+    _check_file_kind(Path(path).expanduser())
     member = data_cfg.member if data_cfg.member and zipfile.is_zipfile(Path(path).expanduser()) else None
     where = f"{path} [{member}]" if member else str(path)
     unknown = [n for n in data_cfg.answer_normalizers or () if n not in ANSWER_NORMALIZERS]
@@ -285,6 +288,20 @@ def load_problems(data_cfg, path: str | None = None) -> list[Problem]:
         first_bad = f"; {len(bad)} bad rows, the first: {bad[0]}" if bad else ""
         raise DataError(f"{where}: no usable rows (keys {data_cfg.problem_key!r}/{data_cfg.answer_key!r}){first_bad}")
     return problems
+
+
+def _check_file_kind(p: Path) -> None:
+    """A path that exists is a file or a folder: a device (``/dev/null``), a FIFO (opening one would
+    wait for a writer forever) or a socket is refused, naming it; an absent path is a hub id."""
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+    raise DataError(f"{p}: {kind}, not a data file; give a JSONL, JSON or parquet file, a dataset folder or a hub id")
 
 
 def _row_id(data_cfg, row: dict) -> str | None:
@@ -368,6 +385,31 @@ def write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
         for r in records:
             fh.write(json.dumps(r) + "\n")
     tmp.replace(path)
+
+
+def text_key(text: str) -> str:
+    """A question's text as questions are compared: Unicode NFKC, case-folded, without whitespace, so
+    ``What is 1 + 1?`` and ``what is 1+1 ?`` are one question (under any ids)."""
+    return "".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def dedupe_questions(problems: list[Problem], where: str) -> tuple[list[Problem], list[str]]:
+    """``problems`` with each question (``text_key``) once, the first row of it kept, and the ids of the
+    rows left out (logged with ``where``, the file or split they came from; a copy whose answer differs
+    from the kept row's is named apart)."""
+    kept: dict[str, Problem] = {}
+    dropped, conflicting = [], []
+    for p in problems:
+        first = kept.setdefault(text_key(p.question), p)
+        if first is not p:
+            dropped.append(p.id)
+            if text_key(first.answer) != text_key(p.answer):
+                conflicting.append(f"{p.id} (answer {p.answer!r}; {first.id}: {first.answer!r})")
+    if dropped:
+        log.warning("%s: %d rows repeat an earlier row's question and are left out (%s%s)%s", where, len(dropped),
+                    ", ".join(dropped[:5]), ", ..." if len(dropped) > 5 else "",
+                    f"; {len(conflicting)} of them with another answer: {', '.join(conflicting[:3])}" if conflicting else "")
+    return list(kept.values()), dropped
 
 
 def problems_hash(problems: list[Problem]) -> str:

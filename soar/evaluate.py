@@ -27,7 +27,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from soar.config import INFERENCE_METHODS, ConfigError
-from soar.data import Problem, write_jsonl
+from soar.data import Problem, text_key, write_jsonl
 from soar.diversity import bootstrap_vendi, load_embedder
 from soar.export import load_questions, load_teacher
 from soar.generation import correctness, make_generator
@@ -231,15 +231,11 @@ def load_hard_split(cfg, run) -> tuple[list, list, str]:
     raise RunDataError(f"{run.path / 'hard_set'}: missing hard_train.jsonl / hard_test.jsonl")
 
 
-def _question_key(question: str) -> str:
-    return " ".join(question.split())
-
-
 def without_hard_test(pool: list, hard_test: list) -> tuple[list, int]:
-    """``pool`` less every problem whose id or question (whitespace-normalised) is in ``hard_test``,
-    and how many that removed: training questions must not include the test set."""
-    ids, questions = {p.id for p in hard_test}, {_question_key(p.question) for p in hard_test}
-    kept = [p for p in pool if p.id not in ids and _question_key(p.question) not in questions]
+    """``pool`` less every problem whose id or question (as text, ``soar.data.text_key``) is in
+    ``hard_test``, and how many that removed: training questions must not include the test set."""
+    ids, questions = {p.id for p in hard_test}, {text_key(p.question) for p in hard_test}
+    kept = [p for p in pool if p.id not in ids and text_key(p.question) not in questions]
     return kept, len(pool) - len(kept)
 
 
@@ -277,27 +273,36 @@ def synthetic_questions(cfg, run, hard_test: list) -> tuple[list, dict]:
     raise AssertionError(method)
 
 
+def check_inference_model(cfg, run) -> None:
+    """What an inference-only row loads exists (before the run dir is written): the promoted students
+    (PS: an eligible run with at least one, each a model folder) or the teacher checkpoint."""
+    if cfg.eval.method == "teacher":
+        run.teacher_checkpoint(cfg.eval.teacher_step)
+    elif cfg.eval.method == "ps":
+        check_eligible(run, cfg.pq, "evaluate")
+        if not run.promotions:
+            raise RunDataError(f"{run.path}: 0 promotions: no promoted student to evaluate")
+        for p in run.promotions:
+            if not (run.path / p["path"] / "config.json").is_file():
+                raise RunDataError(f"{run.path / p['path'] / 'config.json'}: missing (promoted student {p['promotion']})")
+
+
 def inference_model(cfg, run, tokenizer, grader, hard_train):
-    """(generator, description) of an inference-only row: the best promoted student by greedy
-    hard-train accuracy (PS), a teacher checkpoint, or the base model."""
+    """(generator, description) of an inference-only row (checked by ``check_inference_model``): the best
+    promoted student by greedy hard-train accuracy (PS), a teacher checkpoint, or the base model."""
     method, s = cfg.eval.method, cfg.student
     if method == "base":
         return make_generator(cfg, "eval", load_model(cfg.model), tokenizer, pristine=True), {"model": cfg.model.path}
     if method == "teacher":
         teacher, step = load_teacher(run, cfg.eval.teacher_step)
         return teacher.trainer.sampler(make_generator(cfg, "eval", None, tokenizer)), {"teacher_step": step}
-    check_eligible(run, cfg.pq, "evaluate")
     candidates = []
     for p in run.promotions:
         path = run.path / p["path"]
-        if not (path / "config.json").is_file():
-            raise RunDataError(f"{path / 'config.json'}: missing (promoted student {p['promotion']})")
         gen = make_generator(cfg, "eval", load_model(OmegaConf.merge(cfg.model, {"path": str(path)})), tokenizer)
         acc = float(np.mean(correctness(gen, grader, hard_train, cfg.data.prompt_template,
                                         s.eval_max_tokens or s.max_tokens, tuple(s.stop), 0)))
         candidates.append((acc, -p["promotion"], gen, p))
-    if not candidates:
-        raise RunDataError(f"{run.path}: 0 promotions: no promoted student to evaluate")
     acc, _, gen, best = max(candidates, key=lambda c: c[:2])
     return gen, {"promotion": best["promotion"], "path": best["path"], "hard_train_greedy_acc": acc,
                  "candidates": {c[3]["promotion"]: c[0] for c in candidates}}
@@ -316,6 +321,8 @@ def run_eval(cfg) -> dict:
         found["hard"] = load_hard_split(cfg, run)
         if ecfg.method not in INFERENCE_METHODS:
             found["synthetic"] = synthetic_questions(cfg, run, found["hard"][1])
+        else:
+            check_inference_model(cfg, run)
 
     stage = setup_stage(cfg, "eval", load_base=False, checks=checks)
     run, (hard_train, hard_test, hard_source), rd = found["run"], found["hard"], stage.run

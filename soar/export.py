@@ -12,6 +12,8 @@ Each dataset ``<out>/<name>/`` holds ``disk/`` (``save_to_disk``), ``<name>.parq
 A run below ``pq.min_promotions`` (e.g. 0 promotions) is refused unless ``pq.allow_ineligible``
 (or ``export.pq=false``: samples and models only). An empty PQ exports with its schema intact;
 ``datasets.Dataset.from_parquet`` cannot read a 0-row parquet file, ``load_from_disk`` can.
+A run still training is exported as of its newest finished checkpoint (``soar.rundata.read_run``), the
+step printed and recorded in ``export.json``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from soar.config import ConfigError, DataConfig
 from soar.data import load_problems
 from soar.generation import SamplingParams
 from soar.grading import make_grader
-from soar.models import load_model, load_tokenizer, load_trainer_state, model_context
-from soar.rundata import RunData, RunDataError, check_eligible, read_json, read_run
+from soar.models import load_model, load_tokenizer, model_context
+from soar.rundata import RunData, RunDataError, check_eligible, load_teacher_state, read_json, read_run
 from soar.seeding import derive_seed
 from soar.teachers.sampling import sample_valid
 from soar.teachers.update import TeacherPolicy
@@ -89,8 +91,8 @@ def pq_rows(run: RunData) -> list[dict]:
 
 
 def load_teacher(run: RunData, step: int | None):
-    """The run's teacher after outer step ``step`` (None: the last checkpoint) as a ``TeacherPolicy``
-    (its format filter and generator), and the step it is at."""
+    """The run's teacher after outer step ``step`` (None: the snapshot's, ``RunData.step``) as a
+    ``TeacherPolicy`` (its format filter and generator), and the step it is at."""
     kind, path = run.teacher_checkpoint(step)
     if step is None:
         step = int(path.parent.name.split("_")[1]) if kind == "state" else int(path.name.split("_")[1])
@@ -101,11 +103,7 @@ def load_teacher(run: RunData, step: int | None):
     teacher = TeacherPolicy(cfg, model, tokenizer, make_grader(cfg.data.grader), cfg.data.prompt_template,
                             model_context(model, cfg.model))
     if kind == "state":
-        try:
-            state = load_trainer_state(path)
-        except Exception as exc:
-            raise RunDataError(f"{path}: corrupt teacher checkpoint ({exc})") from exc
-        teacher.trainer.load_state_dict(state)
+        teacher.trainer.load_state_dict(load_teacher_state(run, path))
     return teacher, step
 
 
@@ -223,8 +221,9 @@ def run_export(cfg) -> dict:
     eligible = check_eligible(run, cfg.pq, "export") if e.pq else None
     out = Path(e.out or run.path / "export").expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {"run_dir": str(run.path), "run_id": run.run_id, "config_hash": run.config_hash,
+    manifest = {"run_dir": str(run.path), "run_id": run.run_id, "config_hash": run.config_hash, "step": run.step,
                 "promotions": len(run.promotions), "eligible": eligible, "datasets": {}, "models": []}
+    log.info("exporting %s as of outer step %s (its newest finished checkpoint)", run.path, run.step)
     ds = None
     if e.pq:
         notes = [] if eligible else [f"ineligible run exported with pq.allow_ineligible: {len(run.promotions)} "
@@ -248,7 +247,7 @@ def run_export(cfg) -> dict:
     if e.push_to_hub and ds is not None:
         manifest["hub"] = push_dataset(ds, out / "pq", e.push_to_hub, e.private)
     (out / "export.json").write_text(json.dumps(manifest, indent=2))
-    print(json.dumps({"out": str(out), **{k: v["rows"] for k, v in manifest["datasets"].items()}}))
+    print(json.dumps({"out": str(out), "step": run.step, **{k: v["rows"] for k, v in manifest["datasets"].items()}}))
     return manifest
 
 

@@ -61,12 +61,13 @@ class LoopError(RuntimeError):
 
 @contextmanager
 def phase(name: str, step: int, times: dict):
-    """Time a phase; a non-finite loss or a rejection cap aborts naming the step and phase."""
+    """Time a phase of outer step ``step`` (0-based; named 1-based, as the console's ``step 1/3``); a
+    non-finite loss or a rejection cap aborts naming the step and phase."""
     t0 = time.perf_counter()
     try:
         yield
     except (FloatingPointError, RejectionCapError, SyncError) as exc:
-        raise LoopError(f"outer step {step}, phase {name}: {exc}") from exc
+        raise LoopError(f"outer step {step + 1}, phase {name}: {exc}") from exc
     times[f"time/{name}_s"] = time.perf_counter() - t0
 
 
@@ -94,6 +95,7 @@ class Loop:
             if self.state.promotions:
                 self.baseline = load_model(_model_cfg(cfg, str(run.path / self.state.promotions[-1]["path"])))
             log.info("resumed from %s after outer step %d", run.resume_from, self.state.step)
+        self.state.hard_set_sha256 = hard.sha256  # checked against it on resume (soar.prepare.check_hard_set)
         self.checkpoints = Checkpoints(cfg, run, self.teacher.trainer, self.state.step)
         self.policy = PromotionPolicy(cfg.promotion, self.state.history)
         self.diversity = DiversityMeter(cfg.loop.diversity_model)

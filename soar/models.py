@@ -160,16 +160,25 @@ def model_context(model, model_cfg) -> int:
 
 def check_context(tokenizer, prompts: list[str], max_tokens: int, context: int, where: str,
                   names: list[str] | None = None) -> int:
-    """Fail early if the longest prompt plus the generation budget exceeds the model context. A prompt
-    too long to fit whatever its tokens is refused before tokenising (a 50 MB question took 20 GB to
-    tokenise), naming it by ``names`` (e.g. problem ids) when given."""
+    """Fail early if the longest prompt plus the generation budget exceeds the model context, naming
+    that prompt by ``names`` (e.g. problem ids) when given, and what fixes it: a prompt that fills the
+    context by itself is left out or shortened; otherwise ``where`` lowered to what fits. A prompt too
+    long to fit whatever its tokens is refused before tokenising (a 50 MB question took 20 GB to
+    tokenise)."""
     _check_prompt_chars(tokenizer, prompts, context, where, names)
-    longest = max((len(ids) for ids in encode_prompts(tokenizer, prompts)), default=0)  # BOS included
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]  # BOS included
+    if not lengths:
+        return 0
+    i = max(range(len(lengths)), key=lengths.__getitem__)
+    longest, which = lengths[i], f"the prompt of {names[i]!r}" if names else "the longest prompt"
+    if longest >= context:
+        raise ConfigError(f"config error: {where}: {which} has {longest} tokens, as many as the model context "
+                          f"({context}) holds or more, before any is generated; leave it out or shorten it")
     if longest + max_tokens > context:
         raise ConfigError(
-            f"config error: {where}: longest prompt ({longest} tokens) + max tokens ({max_tokens}) = "
-            f"{longest + max_tokens} exceeds the model context ({context}); shorten the template or "
-            f"lower {where}"
+            f"config error: {where}: {which} ({longest} tokens) + max tokens ({max_tokens}) = "
+            f"{longest + max_tokens} exceeds the model context ({context}); lower {where} to "
+            f"{context - longest} or less, or shorten that prompt or the template"
         )
     return longest
 
@@ -215,13 +224,6 @@ def export_policy(model):
 def is_peft(model) -> bool:
     peft = sys.modules.get("peft")  # never imported: cannot be a peft model (and no import cost)
     return peft is not None and isinstance(model, peft.PeftModel)
-
-
-def load_trainer_state(path) -> dict:
-    """A trainer's ``state_dict`` as ``torch.save`` wrote it, every tensor on the CPU: a run written on
-    a GPU resumes on a machine without one (``load_state_dict`` copies the tensors onto the model's
-    device, and the optimiser casts its state to its parameters')."""
-    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def save_policy(model, tokenizer, out_dir) -> None:

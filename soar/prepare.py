@@ -22,10 +22,12 @@ from soar.config import ConfigError
 from soar.data import (
     DataError,
     Problem,
+    dedupe_questions,
     load_problem_records,
     load_problems,
     problems_hash,
     render_prompt,
+    text_key,
     write_jsonl,
 )
 from soar.filters.failk import (
@@ -52,6 +54,8 @@ class HardSet:
     source: str
     ungradable: list[str] = field(default_factory=list)
     """Ids left out because the grader cannot grade their gold (``soar.filters.failk.ungradable``)."""
+    duplicates: list[str] = field(default_factory=list)
+    """Ids left out as repeats of another row's question (``soar.data.dedupe_questions``)."""
     derived: bool = False
     """The split was drawn here (from a manifest or a JSONL): ``setup_train`` writes it to ``<run>/hard_set``."""
 
@@ -101,7 +105,8 @@ def setup_train(cfg, stage: Stage) -> HardSet:
     elif hard.derived:
         write_hard_split(stage.run.path / "hard_set", hard)
     stage.run.record_once("hard_set.json", {"source": hard.source, "sha256": hard.sha256, "train": len(hard.train),
-                                            "test": len(hard.test), "ungradable_golds": hard.ungradable})
+                                            "test": len(hard.test), "ungradable_golds": hard.ungradable,
+                                            "duplicate_questions": len(hard.duplicates)})
     if hard.ungradable:
         log.warning("hard set: %d problems left out, their gold answers ungradable (%s): %s", len(hard.ungradable),
                     cfg.data.grader, ", ".join(hard.ungradable))
@@ -109,18 +114,31 @@ def setup_train(cfg, stage: Stage) -> HardSet:
     return hard
 
 
+def recorded_hard_sets(run) -> dict[str, dict]:
+    """Where the run ``run`` (a ``RunDir``) recorded the hard set it trained on: ``hard_set.json``, and the
+    checkpoint it resumes from (``state.json``'s ``hard_set_sha256``, which every checkpoint keeps, so
+    deleting ``hard_set.json`` does not erase the record); ``{where: {"sha256", "train", "test"}}``."""
+    records = {}
+    if (run.path / "hard_set.json").exists():
+        records["hard_set.json"] = json.loads((run.path / "hard_set.json").read_text())
+    if run.resume_from is not None:
+        state = json.loads((run.resume_from / "state.json").read_text())  # intact: RunDir checked it
+        if state.get("hard_set_sha256"):
+            records[f"{run.resume_from.relative_to(run.path).as_posix()}/state.json"] = {
+                "sha256": state["hard_set_sha256"]}
+    return records
+
+
 def check_hard_set(cfg, stage: Stage, hard: HardSet) -> None:
     """A hard set the loop can use: at least ``inner.reward_questions`` train problems, every student
     prompt within the context, and, in a run that recorded one, the hard set it started with."""
-    recorded_path = stage.run.path / "hard_set.json"
-    if recorded_path.exists():
-        recorded = json.loads(recorded_path.read_text())
+    for where, recorded in recorded_hard_sets(stage.run).items():
         if recorded.get("sha256") != hard.sha256:
-            where = "loop.hard_set" if cfg.loop.hard_set else "run.dir"
-            raise ConfigError(f"config error: {where}: the hard set {hard.source} is not the one {stage.run.path} "
-                              f"started with (hard_set.json: sha256 {recorded.get('sha256')}, {recorded.get('train')} "
-                              f"train / {recorded.get('test')} test; now {hard.sha256}, {len(hard.train)} / "
-                              f"{len(hard.test)}); restore it, or choose a new run.dir")
+            field = "loop.hard_set" if cfg.loop.hard_set else "run.dir"
+            sizes = f", {recorded['train']} train / {recorded['test']} test" if "train" in recorded else ""
+            raise ConfigError(f"config error: {field}: the hard set {hard.source} is not the one {stage.run.path} "
+                              f"started with ({where}: sha256 {recorded.get('sha256')}{sizes}; now {hard.sha256}, "
+                              f"{len(hard.train)} / {len(hard.test)}); restore it, or choose a new run.dir")
     if cfg.inner.reward_questions > len(hard.train):
         reuse = "" if cfg.loop.hard_set else (f"; a new run.dir with loop.hard_set={stage.run.path / 'hard_set'} reuses "
                                               "this hard set")
@@ -142,7 +160,8 @@ def read_hard_set(cfg, run_path: Path) -> HardSet | None:
         return read_given_hard_set(cfg)
     if (folder / "summary.json").exists():  # built by this run's fail@k
         summary = json.loads((folder / "summary.json").read_text())
-        return HardSet(*read_hard_split(cfg, folder), str(folder), summary.get("ungradable_golds", []))
+        return HardSet(*read_hard_split(cfg, folder), str(folder), summary.get("ungradable_golds", []),
+                       summary.get("duplicate_ids", []))
     return None
 
 
@@ -154,7 +173,7 @@ def build_hard_set(cfg, run_path: Path, model, tokenizer, pool: list[Problem] | 
     if pool is None:
         pool = load_problems(cfg.data, str(build_pool_hook(cfg, run_path / "problems")))
     summary = filter_to_hard_set(cfg, pool, model, tokenizer, folder, progress)
-    return HardSet(*read_hard_split(cfg, folder), str(folder), summary["ungradable_golds"])
+    return HardSet(*read_hard_split(cfg, folder), str(folder), summary["ungradable_golds"], summary["duplicate_ids"])
 
 
 def hard_set(cfg, run_path: Path, model, tokenizer, progress: bool = True) -> HardSet:
@@ -232,6 +251,10 @@ def read_given_hard_set(cfg, field: str = "loop.hard_set") -> HardSet:
     else:
         problems = load_problem_records(cfg.data, given)
     splits = {p.id: p.meta.get("split") for p in problems}
+    duplicates = []
+    if all(v is None for v in splits.values()):  # the split is drawn here: each question once, before it
+        problems, duplicates = dedupe_questions(problems, str(given))
+        splits = {p.id: None for p in problems}
     if any(v is not None for v in splits.values()):
         odd = [pid for pid, v in splits.items() if v not in ("train", "test")]
         if odd:
@@ -245,16 +268,27 @@ def read_given_hard_set(cfg, field: str = "loop.hard_set") -> HardSet:
     by_id = {p.id: p for p in problems}
     hard = _checked_hard_set(cfg, field, [by_id[i] for i in train_ids], [by_id[i] for i in test_ids], str(given))
     hard.derived = True
+    hard.duplicates = duplicates + hard.duplicates
     return hard
 
 
 def _checked_hard_set(cfg, field: str, train: list[Problem], test: list[Problem], source: str) -> HardSet:
-    """Train and test share no id; problems whose gold the grader cannot grade are left out."""
+    """Train and test share no id and no question (as text: ``soar.data.text_key``, whatever the ids); a
+    question repeated within a split is kept once; problems whose gold the grader cannot grade are left
+    out."""
     overlap = sorted({p.id for p in train} & {p.id for p in test})
     if overlap:
         raise ConfigError(f"config error: {field}: {source}: {len(overlap)} ids are in both hard train and hard test "
                           f"({', '.join(overlap[:10])}{', ...' if len(overlap) > 10 else ''}); a test problem must "
                           "never be trained on")
+    train, repeated_train = dedupe_questions(train, f"{source} (hard train)")
+    test, repeated_test = dedupe_questions(test, f"{source} (hard test)")
+    in_test = {text_key(p.question): p.id for p in test}
+    shared = [f"{p.id} = {in_test[text_key(p.question)]}" for p in train if text_key(p.question) in in_test]
+    if shared:
+        raise ConfigError(f"config error: {field}: {source}: {len(shared)} questions of hard train are also in hard test "
+                          f"under other ids (compared as text: {', '.join(shared[:5])}{', ...' if len(shared) > 5 else ''}"
+                          "); a test problem must never be trained on")
     grader = make_grader(cfg.data.grader)
     try:
         bad = set(ungradable(train + test, grader))
@@ -264,7 +298,7 @@ def _checked_hard_set(cfg, field: str, train: list[Problem], test: list[Problem]
         log.warning("%s: %d problems have a gold answer the grader (%s) cannot grade; left out: %s", source, len(bad),
                     cfg.data.grader, ", ".join(sorted(bad)))
     return HardSet([p for p in train if p.id not in bad], [p for p in test if p.id not in bad], source,
-                   [p.id for p in train + test if p.id in bad])
+                   [p.id for p in train + test if p.id in bad], repeated_train + repeated_test)
 
 
 def _read_manifest(path: Path, field: str) -> dict[str, dict] | None:

@@ -367,5 +367,5 @@ def main(argv: list[str] | None = None) -> None:
     try:
         build_report(args.run_dirs, args.evals, args.out, args.diversity_model)
     except (RunDataError, ValueError) as exc:
-        print(f"soar-report: {exc}", file=sys.stderr)
+        print("soar: " + " ".join(str(exc).split()), file=sys.stderr)  # one line, as every command's
         sys.exit(2)

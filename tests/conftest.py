@@ -1,9 +1,10 @@
-"""Shared fixtures: the tiny world model is pretrained once per machine (~1 minute on 2 cores)."""
+"""Shared fixtures: the tiny world model ships with the package (the same weights on every machine)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,17 +22,21 @@ def arith_data(path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """The ``experiment=arith_micro`` world model: 3 digits, stopped early (greedy ~0.75 / 0.5 / 0.4 /
-    0.2 at 0-3 carries; a Xeon with AMX built a different one, ~0.69 / 0.28 / 0.03 / 0.13, 2026-12-03),
-    so RL has signal on 1-2 carry problems. Built at most once per machine, in
-    the world cache (``~/.cache/soar/worlds/<config hash>``) that ``soar-train`` uses too, so CLI tests
-    and the session share it (~1 minute on 2 idle cores)."""
+    """The ``experiment=arith_micro`` world model: 3 digits, stopped early at step 230 (greedy 0.94 / 0.44 /
+    0.13 / 0.09 at 0-3 carries), so RL has signal on 1-2 carry problems. It ships with the package
+    (``soar/worlds/shipped/arith-<config hash>/``, 2.7 MB), which ``soar-train experiment=arith_micro``
+    loads too: pretrained on each machine it took 326 s of one test's setup and differed by CPU (a Xeon
+    with AMX built another), so which problems the tests' students solved did too.
+    ``python dev/scripts/rebuild_world.py --experiment arith_micro`` rebuilds it. Read-only: copy it
+    to change it."""
     import soar
-    from soar.worlds.arith import pretrain
+    from soar.worlds.arith import shipped_dir
     from soar.worlds.base import get_world
 
     wcfg = get_world("arith").config(soar.compose(["experiment=arith_micro"]))
-    return pretrain(wcfg, wcfg.seed, progress=False)
+    shipped = shipped_dir(wcfg, wcfg.seed)
+    assert shipped is not None, "the arith_micro world model is missing from soar/worlds/shipped/"
+    return shipped
 
 
 def write_jsonl(path: Path, problems) -> Path:
@@ -49,12 +54,19 @@ def rl_questions(tmp_path_factory) -> Path:
     return write_jsonl(tmp_path_factory.mktemp("data") / "rl.jsonl", probs)
 
 
+def default_signals() -> None:
+    """``preexec_fn`` of a test's subprocess: SIGINT and SIGTERM at their defaults, whatever this process
+    inherited (a suite started with ``&`` or ``nohup`` ignores SIGINT, and so would the child)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # exec keeps an ignored signal ignored, resets a handled one
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def run_cli(args: list[str], cwd: Path | None = None, timeout: int = 300, check: bool = True, merge_stderr: bool = False):
     """Run a console script in a subprocess with small thread counts; returns CompletedProcess. With
     ``merge_stderr`` stderr goes into stdout, as in a log file of ``cmd > log 2>&1`` (not a terminal)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     res = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True, timeout=timeout,
-                         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE)
+                         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, preexec_fn=default_signals)
     if check and res.returncode != 0:
         raise AssertionError(f"{args} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res

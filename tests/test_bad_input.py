@@ -12,6 +12,7 @@ folders. Each is skipped, saying why, where the machine does not allow it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,17 +27,19 @@ import pytest
 
 from soar.run import read_metrics
 
-from conftest import arith_data, script
+from conftest import arith_data, default_signals, script
 
 pytestmark = pytest.mark.timeout(600)
 
 TEACHER_OK = r"<question>1+2</question><answer>\boxed{3}</answer>"
 
 
-def cli(args: list[str], prefix: tuple[str, ...] = (), env: dict | None = None) -> subprocess.CompletedProcess:
+def cli(args: list[str], prefix: tuple[str, ...] = (), env: dict | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     full_env.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
-    return subprocess.run([*prefix, *args], env=full_env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([*prefix, *args], env=full_env, capture_output=True, text=True, timeout=300, cwd=cwd,
+                          preexec_fn=default_signals)
 
 
 def assert_user_error(res: subprocess.CompletedProcess, *named: str) -> str:
@@ -57,7 +60,7 @@ def train_args(run_dir, *extra, model="/tmp"):
 
 
 def filter_args(model, data, run_dir, *extra):
-    return [script("soar-filter"), f"model={model}", *arith_data(data), "filter.k=2", "filter.max_tokens=8",
+    return [script("soar-filter"), f"model={model}", *arith_data(data), "filter.k=2", "filter.max_tokens=16",
             "backend=hf", "run.threads=1", "run.progress=false", f"run.dir={run_dir}", *extra]
 
 
@@ -516,12 +519,20 @@ def drop_last_hard_train_row(run_dir: Path) -> None:
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
 
 
+def drop_a_row_and_the_record(run_dir: Path) -> None:
+    """Issue 58 §6: the edit, and ``hard_set.json`` (which recorded the hard set) deleted."""
+    drop_last_hard_train_row(run_dir)
+    (run_dir / "hard_set.json").unlink()
+
+
 @pytest.mark.parametrize("edit, command, named", [
     (None, lambda r, m: train_args(r, MICRO_STEPS, "seed=8", "filter.k=4", "teacher.datasets=3", model=m),
      ("holds a soar-train run with other settings (3 differ: filter.k 8 -> 4; seed 0 -> 8; teacher.datasets 2 -> 3)",
       "rerun with the run's settings (its config.yaml) or choose a new run.dir")),
     (drop_last_hard_train_row, lambda r, m: train_args(r, MICRO_STEPS, model=m),
      ("run.dir: the hard set", "/hard_set is not the one", "started with (hard_set.json: sha256 ")),
+    (drop_a_row_and_the_record, lambda r, m: train_args(r, MICRO_STEPS, model=m),
+     ("run.dir: the hard set", "/hard_set is not the one", "started with (checkpoints/step_000001/state.json: sha256 ")),
     (None, lambda r, m: [script("soar-train"), "experiment=arith", "inner.reward_questions=8", f"run.dir={r}",
                          "run.threads=1", "run.progress=false"],  # its own model and settings: was a KeyError
      ("holds a soar-train run with other settings (", "differ: model (its files) \"sha256:", "filter.k 8 -> 128")),
@@ -532,8 +543,13 @@ def drop_last_hard_train_row(run_dir: Path) -> None:
     (None, lambda r, m: [script("soar-rl"), f"model={m}", *arith_data(r / "hard_set" / "hard_train.jsonl"),
                          "run.threads=1", f"run.dir={r}"],
      ("is a soar-train run (its meta.json); soar-rl never writes into another command's run",)),
-], ids=["changed settings", "edited hard set",
-        "another experiment", "model.path a file", "soar-filter into a train run", "soar-rl into a train run"])
+    (None, lambda r, m: [script("soar-world"), "problems", "experiment=arith_micro", f"run.dir={r}"],
+     ("is a soar-train run (its meta.json); soar-world problems never writes into another command's run",)),
+    (None, lambda r, m: [script("soar-world"), "problems", "experiment=arith_micro", f"run.dir={r / 'problems'}"],
+     ("/problems holds 3 entries (control.jsonl, pool.jsonl, stepping.jsonl) but no soar run (no config.yaml)",)),
+], ids=["changed settings", "edited hard set", "edited hard set, hard_set.json deleted",
+        "another experiment", "model.path a file", "soar-filter into a train run", "soar-rl into a train run",
+        "soar-world problems into a train run", "soar-world problems into a train run's pool"])
 def test_a_refused_command_leaves_the_finished_run_byte_identical(tiny_model_dir, uninterrupted, tmp_path, edit,
                                                                    command, named):
     """Issue 52 §1, §2: a resume with other settings, an edited hard set, another experiment, a bad
@@ -551,7 +567,7 @@ def test_a_run_dir_of_other_files_is_refused(tiny_model_dir, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     assert_user_error(cli(train_args(tmp_path, MICRO_STEPS, model=tiny_model_dir)),
                       f"run.dir: {tmp_path} holds 1 entries (notes.txt) but no soar run (no config.yaml)")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # issue 58: no run.lock left either
 
 
 def mutated(value):
@@ -608,6 +624,7 @@ def test_resume_refuses_every_result_shaping_setting_and_allows_the_free_ones(tm
     first = RunDir(base, "train")
     first.commit()
     first.close()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # a result: before one, only SETUP_KEYS are fixed
     provenance = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "meta.json")}
     keys = _flatten(OmegaConf.to_container(base, resolve=True))
     free = RESUME_FREE_KEYS + LATER_STAGE_KEYS
@@ -697,15 +714,17 @@ def test_a_50_mb_question_is_refused_before_it_is_tokenised(tiny_model_dir, tmp_
 
 
 def run_until(args, marker: str, signum, timeout: float = 240, exists: Path | None = None) -> tuple[int, str, str]:
-    """Start ``args`` in its own process group, send ``signum`` to the group once a stdout line (where
-    soar logs) holds ``marker`` and then the file ``exists`` (if given) does; returns (exit code,
-    stdout, stderr)."""
+    """Start ``args`` in its own process group with SIGINT and SIGTERM at their defaults (a suite run
+    under ``&`` or ``nohup`` would hand it SIGINT ignored), send ``signum`` to the group once a stdout
+    line (where soar logs) holds ``marker`` and then the file ``exists`` (if given) does: on events,
+    not on timing; returns (exit code, stdout, stderr)."""
     import tempfile
 
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True,
+                                preexec_fn=default_signals)
         out, deadline = [], time.monotonic() + timeout
         for line in proc.stdout:
             out.append(line)
@@ -765,8 +784,8 @@ def test_ungradable_golds_are_left_out_of_the_hard_set_listed_and_counted(tiny_m
     """Golds the grader cannot parse were filed as hard at 0/k; now left out, listed by id in the
     summary and counted on the console."""
     rows = QUESTIONS + [{"id": "empty_box", "question": "1+1", "answer": r"\boxed{}"},
-                        {"id": "word", "question": "1+1", "answer": "two"},
-                        {"id": "huge", "question": "1+1", "answer": "1" * 5000}]
+                        {"id": "word", "question": "1+2", "answer": "two"},
+                        {"id": "huge", "question": "1+3", "answer": "1" * 5000}]
     (tmp_path / "q.jsonl").write_text(jsonl(rows))
     res = cli(filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run"))
     assert res.returncode == 0 and "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
@@ -817,3 +836,358 @@ def test_a_byte_order_mark_is_read_not_a_lost_row(tmp_path):
         fh.write(b"\xef\xbb\xbf" + text.encode() + b"not json\n")  # and a bad row: read line by line
     for name in ("bom.jsonl", "bom.jsonl.gz"):
         assert [p.id for p in load_problems(DataConfig(name="t", path=str(tmp_path / name)))] == ["q0", "q1", "q2", "q3"]
+
+
+# ---- issue 58: no command deletes, overwrites or runs code it was not asked to --------------------------------
+def world_pretrain(out_dir: Path, *extra) -> list[str]:
+    return [script("soar-world"), "pretrain", "experiment=arith_micro", f"world.out_dir={out_dir}", "run.progress=false",
+            *extra]
+
+
+def test_world_pretrain_never_deletes_a_folder_it_did_not_make(tmp_path):
+    """It deleted a folder of notes, then a finished 21 MB run (rc 0): now refused before any work."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    out = tmp_path / "mine"
+    assert_user_error(cli([script("soar-world"), "pretrain", "experiment=arith_micro", f"world.out_dir={out}"]),
+                      f"world.out_dir: {tmp_path / 'mine'} holds 1 entries (notes.txt) but no world model (no "
+                      "train_info.json); choose a new or empty world.out_dir")
+    assert snapshot(tmp_path) == {"mine/notes.txt": b"mine"}
+
+
+TINY_WORLD = dict(digits=2, hidden=32, layers=1, heads=2, max_steps=2, eval_every=2, eval_per_carry=4, batch_size=8,
+                  teacher_frac=0.2, teacher_carry_weights=None, teacher_carries="none", padded_batches=False)
+
+
+def test_world_pretrain_builds_only_into_its_own_folders(tmp_path):
+    """An empty ``world.out_dir`` is built into; a folder holding another world's model, or a
+    ``<out_dir>.tmp`` no build made, is refused by name and left as it is."""
+    from soar.config import ConfigError
+    from soar.worlds.arith import ArithWorldConfig, pretrain
+
+    def build(out: Path, **changes) -> Path:
+        return pretrain(ArithWorldConfig(**{**TINY_WORLD, **changes}, out_dir=str(out)), seed=1, progress=False)
+
+    (tmp_path / "w").mkdir()
+    assert build(tmp_path / "w") == tmp_path / "w" and (tmp_path / "w" / "train_info.json").exists()
+    assert not (tmp_path / "w.tmp").exists()
+    (tmp_path / "x.tmp").mkdir()
+    (tmp_path / "x.tmp" / "notes.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError, match=r"world.out_dir: .*/w holds another world model \(arith-\w+; this config is "):
+        build(tmp_path / "w", max_steps=3)
+    with pytest.raises(ConfigError, match=r"world.out_dir: .*/x.tmp, where the build writes, holds files no build made"):
+        build(tmp_path / "x")
+    assert snapshot(tmp_path) == before
+
+
+def test_world_problems_is_a_run_of_its_own(tmp_path):
+    """``soar-world problems`` goes through the run-directory contract: its own run dir is rewritten
+    only with its own settings; other settings are refused naming them."""
+    args = [script("soar-world"), "problems", "experiment=arith_micro", f"run.dir={tmp_path / 'pool'}"]
+    res = cli(args)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((tmp_path / "pool" / "meta.json").read_text())["stage"] == "world"
+    pool = (tmp_path / "pool" / "pool.jsonl").read_bytes()
+    assert cli(args).returncode == 0 and (tmp_path / "pool" / "pool.jsonl").read_bytes() == pool
+    assert_user_error(cli([*args, "world.pool_size=7"]), "holds a soar-world problems run with other settings "
+                                                         "(1 differ: world.pool_size 128 -> 7)")
+
+
+class RunsACommand:
+    """Pickles as a call of ``os.system``: what a crafted checkpoint holds."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def crafted_checkpoint(path: Path, marker: Path, legacy: bool = False) -> Path:
+    import pickle
+
+    import torch
+
+    state = {"trainable": {}, "step": 1, "payload": RunsACommand(marker)}
+    if legacy:  # a bare pickle, not torch's zip format
+        path.write_bytes(pickle.dumps(state, protocol=2))
+    else:
+        torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["torch.save zip", "bare pickle"])
+def test_a_crafted_checkpoint_is_refused_and_runs_nothing(tmp_path, legacy):
+    """Issue 58 §2: a pickled teacher.pt ran a shell command during a resume. Every checkpoint load
+    (soar-train's and soar-rl's resume, soar-export, soar-eval) is ``load_checkpoint_state``: weights
+    only. The same file loaded as before (``weights_only=False``) does run the command."""
+    import torch
+
+    from soar.run import CheckpointError, checkpoint_problem, load_checkpoint_state
+    from soar.state import LoopState
+
+    marker = tmp_path / "ran"
+    LoopState(step=1).save(tmp_path, {})
+    crafted_checkpoint(tmp_path / "teacher.pt", marker, legacy)
+    (tmp_path / "DONE").write_text("1")
+    with pytest.raises(CheckpointError, match=r"teacher.pt: refused: it holds a Python object \(posix.system\)"):
+        LoopState.load(tmp_path)
+    assert checkpoint_problem(tmp_path).startswith("teacher.pt: ")  # a bare pickle cannot be mapped either
+    with pytest.raises(CheckpointError):
+        load_checkpoint_state(open(tmp_path / "teacher.pt", "rb"))
+    assert not marker.exists()
+    with contextlib.suppress(Exception):  # a bare pickle runs its command as it is read, then fails torch's checks
+        torch.load(tmp_path / "teacher.pt", weights_only=False)  # the old load
+    assert marker.exists()
+
+
+def test_a_resume_from_a_crafted_checkpoint_is_refused_in_one_line(tiny_model_dir, uninterrupted, tmp_path):
+    run_dir = finished_copy(uninterrupted, tmp_path)  # only step 1's checkpoint left
+    marker, folder = tmp_path / "ran", run_dir / "checkpoints" / "step_000001"
+    crafted_checkpoint(folder / "teacher.pt", marker)
+    done = json.loads((folder / "DONE").read_text())
+    done["files"]["teacher.pt"] = (folder / "teacher.pt").stat().st_size  # crafted with the file it describes
+    (folder / "DONE").write_text(json.dumps(done))
+    before = snapshot(run_dir)
+    assert_user_error(cli(train_args(run_dir, MICRO_STEPS, model=tiny_model_dir)),
+                      f"run.dir: {run_dir}: no finished checkpoint can be read (step_000001: teacher.pt: refused: it "
+                      "holds a Python object (posix.system)", "restore it, or choose a new run.dir")
+    assert not marker.exists() and snapshot(run_dir) == before  # restarts.jsonl untouched
+
+
+def zero_length(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def half_written(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("name, damage, why", [
+    ("teacher.pt", zero_length, "teacher.pt is 0 of "),
+    ("state.json", half_written, "state.json is "),
+], ids=["zero-length teacher.pt", "half-written state.json"])
+def test_a_damaged_last_checkpoint_falls_back_to_the_one_before(tiny_model_dir, uninterrupted, tmp_path, name, damage,
+                                                                why):
+    """Issue 58 §8: an EOFError / JSONDecodeError traceback, and restarts.jsonl appended. Now the resume
+    starts from the newest intact checkpoint, says which and why, sets the damaged one aside, and ends
+    where the uninterrupted run ended."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    damage(run_dir / "checkpoints" / "step_000002" / name)
+    res = cli(train_args(run_dir, MICRO_STEPS, model=tiny_model_dir))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"resuming from step_000001, the newest intact checkpoint: step_000002: {why}" in res.stdout + res.stderr
+    record = json.loads((run_dir / "restarts.jsonl").read_text().splitlines()[-1])
+    assert record["resume_from"] == "checkpoints/step_000001" and why in record["unreadable_checkpoints"]["step_000002"]
+    assert (run_dir / "checkpoints" / ".unreadable_step_000002" / name).exists()
+    for name in ("pq.jsonl", "promotions.jsonl"):
+        assert (run_dir / name).read_bytes() == (uninterrupted / name).read_bytes()
+
+
+def test_an_rl_state_pt_cut_short_falls_back_and_none_intact_is_refused_writing_nothing(tmp_path):
+    """The same for soar-rl's ``state.pt`` (``RunDir``, every stage's), and with no intact checkpoint
+    left the command is refused in one line, appending nothing to ``restarts.jsonl``."""
+    import torch
+
+    import soar
+    from soar.run import RunDir, RunDirError
+
+    cfg = soar.compose(["model.path=org/m", "data.path=org/d", f"run.dir={tmp_path / 'run'}"])
+    run = RunDir(cfg, "rl")
+    run.commit()
+    for step in (1, 2):
+        with run.checkpoint(step) as folder:
+            torch.save({"step": step, "trainable": {"w": torch.ones(64)}}, folder / "state.pt")
+    run.close()
+    half_written(tmp_path / "run" / "checkpoints" / "step_000002" / "state.pt")
+    run = RunDir(cfg, "rl")
+    assert run.resume_from.name == "step_000001" and "state.pt is " in run.unreadable[run.ckpt_root / "step_000002"]
+    run.close()  # not committed: nothing moved, nothing recorded
+    zero_length(tmp_path / "run" / "checkpoints" / "step_000001" / "state.pt")
+    before = snapshot(tmp_path / "run")
+    with pytest.raises(RunDirError, match=r"no finished checkpoint can be read \(step_000002: state.pt is .*; step_000001: "
+                                          r"state.pt is 0 of "):
+        RunDir(cfg, "rl")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_export_reads_the_newest_finished_checkpoint_while_the_run_goes_on(uninterrupted, tmp_path):
+    """Issue 58 §7: soar-export beside a running soar-train failed ("corrupt teacher checkpoint") or
+    exported a PQ of some other moment. What a training run leaves at any instant, put here by hand:
+    the newest checkpoint renamed into place but pq.jsonl not yet rewritten, a metrics row cut mid-write,
+    the next checkpoint half written; then the checkpoint read is pruned. The snapshot is step 2's."""
+    from soar.export import load_teacher, run_export
+    from soar.rundata import read_jsonl, read_run
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    step_2 = json.loads((run_dir / "checkpoints" / "step_000002" / "state.json").read_text())
+    assert step_2["pq"]  # step 2 promoted
+    (run_dir / "pq.jsonl").write_text("")  # as after step 1, before step 2's checkpoint wrote it
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 3, "teacher/rew')
+    (run_dir / "checkpoints" / ".tmp_step_000003").mkdir()
+    run = read_run(run_dir)
+    assert run.step == 2 and run.pq == step_2["pq"] and [r["step"] for r in run.metrics] == [1, 2]
+    shutil.rmtree(run_dir / "checkpoints" / "step_000002")  # pruned by the run's next checkpoints
+    teacher, step = load_teacher(run, None)
+    assert step == 2
+    shutil.copytree(uninterrupted / "checkpoints" / "step_000002", run_dir / "checkpoints" / "step_000002")
+    import soar
+
+    manifest = run_export(soar.compose([f"export.run_dir={run_dir}", "export.models=false"]))
+    assert manifest["step"] == 2 and manifest["datasets"]["pq"]["rows"] == len(step_2["pq"])
+    assert [r["question"] for r in read_jsonl(run_dir / "export" / "pq" / "pq.jsonl")] == [r["question"] for r in
+                                                                                         step_2["pq"]]
+
+
+# ---- issue 58 §4, §5: silent wrong results ----------------------------------------------------------------------
+def test_a_hard_set_with_test_questions_under_new_ids_is_refused(tiny_model_dir, tmp_path):
+    given = tmp_path / "given"
+    given.mkdir()
+    renamed = [{**r, "id": f"t{i}", "question": " " + r["question"].replace("+", " + ")} for i, r in enumerate(QUESTIONS)]
+    (given / "hard_train.jsonl").write_text(jsonl(QUESTIONS[:3]))
+    (given / "hard_test.jsonl").write_text(jsonl(renamed[2:]))
+    assert_user_error(cli(train_args(tmp_path / "run", f"loop.hard_set={given}", "inner.reward_questions=1",
+                                     model=tiny_model_dir)),
+                      f"loop.hard_set: {given}: 1 questions of hard train are also in hard test under other ids "
+                      "(compared as text: q2 = t2)")
+    assert not (tmp_path / "run").exists()  # a refused new run leaves nothing, no run.lock either
+
+
+def test_duplicate_rows_are_one_problem_counted_in_the_summary(tiny_model_dir, tmp_path):
+    """10,000 rows of one question without ids became 8,302 "hard" copies split across train and test."""
+    (tmp_path / "dup.jsonl").write_text(jsonl([{"question": "123+456", "answer": "579"}] * 9_999 +
+                                              [{"question": "123 + 456", "answer": "0579"}]))
+    res = cli(filter_args(tiny_model_dir, tmp_path / "dup.jsonl", tmp_path / "run"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["problems"] == 1 and summary["duplicate_questions"] == 9_999 and summary["hard"] <= 1
+    assert json.loads(res.stdout.strip().splitlines()[-1])["duplicate_questions"] == 9_999
+    assert "9999 rows repeat an earlier row's question and are left out" in res.stdout + res.stderr
+
+
+def test_a_hard_set_of_truncated_samples_is_refused_naming_the_setting(tiny_model_dir, tmp_path):
+    (tmp_path / "q.jsonl").write_text(jsonl(QUESTIONS))
+    args = [a for a in filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run") if a != "filter.max_tokens=16"]
+    line = assert_user_error(cli([*args, "filter.max_tokens=1"]),
+                             "filter.max_tokens: 8 of the 8 samples of the 4 problems at 0/2 (100%, more than "
+                             "filter.max_overflow_frac=0.5) were cut at filter.max_tokens=1")
+    assert "raise filter.max_tokens" in line and not (tmp_path / "run" / "summary.json").exists()
+    res = cli([*args, "filter.max_tokens=1", "filter.max_overflow_frac=1"])  # accepted, in the same run dir
+    assert res.returncode == 0 and json.loads((tmp_path / "run" / "summary.json").read_text())["hard"] == 4, res.stderr
+
+
+# ---- issue 58 §9, §10: faults and the minor cases ---------------------------------------------------------------
+def test_a_disk_that_fills_while_config_yaml_is_written_leaves_nothing_and_the_rerun_runs(tiny_model_dir, tmpfs,
+                                                                                         tmp_path):
+    (tmp_path / "q.jsonl").write_text(jsonl(QUESTIONS))
+    mount = tmpfs("4k")  # one page: the lock file's
+    args = filter_args(tiny_model_dir, tmp_path / "q.jsonl", mount / "run")
+    assert_user_error(cli(args), "disk full")
+    assert not [p.name for p in (mount / "run").iterdir() if p.name != "run.lock"] if (mount / "run").exists() else True
+    subprocess.run(["mount", "-o", "remount,size=64m", str(mount)], check=True)
+    res = cli(args)
+    assert res.returncode == 0 and (mount / "run" / "summary.json").exists(), res.stderr[-3000:]
+
+
+def test_a_diverging_student_lr_names_the_field_and_step_and_the_corrected_rerun_runs(tiny_model_dir, uninterrupted,
+                                                                                      tmp_path):
+    """``student.lr=1e9`` said "non-finite student loss at step 0" and left a config.yaml that refused the
+    corrected rerun. A run without a result yet may change what its setup did not use."""
+    args = train_args(tmp_path / "run", "loop.steps=1", f"loop.hard_set={uninterrupted / 'hard_set'}",
+                      model=tiny_model_dir)
+    line = assert_user_error(cli([*args, "student.lr=1e9"]), "outer step 1, phase rewards: non-finite student loss in "
+                                                              "its update 2", "at student.lr=1e+09", "lower student.lr")
+    assert "after 1 at" in line
+    res = cli(args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "lr: 1.0e-09" not in (tmp_path / "run" / "config.yaml").read_text()
+    record = json.loads((tmp_path / "run" / "restarts.jsonl").read_text().splitlines()[-1])
+    assert record["changed"]["student.lr"] == [1e9, 1e-4] and record["rewrote_config_before_first_result"]
+    assert_user_error(cli([*args, "student.lr=1e-5"]), "1 differ: student.lr 0.0001 -> 1e-05")  # it has a result now
+
+
+def test_a_refused_sweep_job_is_named_and_the_others_run(tiny_model_dir, uninterrupted, tmp_path):
+    """``-m`` ran jobs in turn and a refused one exited the sweep, skipping the rest silently."""
+    (tmp_path / "s0").mkdir()
+    (tmp_path / "s0" / "notes.txt").write_text("mine")
+    args = [a for a in train_args(tmp_path / "s${seed}", "loop.steps=1", f"loop.hard_set={uninterrupted / 'hard_set'}",
+                                  model=tiny_model_dir)]
+    res = cli([args[0], "-m", *args[1:], "seed=0,1"], cwd=tmp_path)  # the sweep's own folder: runs/.sweeps/
+    lines = [line for line in res.stderr.splitlines() if line.startswith("soar: ")]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert len(lines) == 2 and lines[0].startswith("soar: sweep job #0 (") and "s0 holds 1 entries (notes.txt)" in lines[0]
+    assert lines[1].startswith("soar: 1 sweep job(s) refused (#0 (") and lines[1].endswith("the others ran")
+    assert (tmp_path / "s1" / "summary.json").exists()
+
+
+def test_a_refused_eval_leaves_no_files_and_its_run_dir_is_reused(tiny_model_dir, uninterrupted, tmp_path):
+    args = [script("soar-eval"), "experiment=arith_micro", f"model.path={tiny_model_dir}", f"eval.run_dir={uninterrupted}",
+            f"run.dir={tmp_path / 'eval'}", "run.threads=1", "run.progress=false"]
+    assert_user_error(cli([*args, "eval.method=teacher", "eval.teacher_step=9"]), "no teacher for outer step 9")
+    assert not (tmp_path / "eval").exists()
+    res = cli([*args, "eval.method=base", "eval.inference_seeds=1"])
+    assert res.returncode == 0 and (tmp_path / "eval" / "eval.json").exists(), res.stderr[-3000:]
+
+
+def test_a_question_too_long_for_the_context_is_named_by_id_with_advice_that_fits(tiny_model_dir, tmp_path):
+    rows = [dict(r) for r in QUESTIONS]
+    rows[2]["question"] = "1" * 9_000
+    (tmp_path / "q.jsonl").write_text(jsonl(rows))
+    assert_user_error(cli(filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run")),
+                      "filter.max_tokens: the prompt of 'q2' has 9", "tokens, as many as the model context (2048) holds "
+                      "or more, before any is generated; leave it out or shorten it")
+    assert not (tmp_path / "run").exists()  # refused after opening the new run dir: no run.lock left
+    rows[2]["question"] = "1" * 2_000
+    (tmp_path / "q.jsonl").write_text(jsonl(rows))
+    assert_user_error(cli([*filter_args(tiny_model_dir, tmp_path / "q.jsonl", tmp_path / "run"), "filter.max_tokens=100"]),
+                      "the prompt of 'q2' (20", "lower filter.max_tokens to ")
+
+
+def fifo(tmp: Path) -> Path:
+    os.mkfifo(tmp / "pipe")
+    return tmp / "pipe"
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda t: Path("/dev/null"), "/dev/null: a character device, not a data file"),
+    (fifo, "/pipe: a FIFO (named pipe), not a data file"),
+], ids=["/dev/null", "a FIFO"])
+def test_a_data_path_that_is_no_file_is_named(tiny_model_dir, tmp_path, make, named):
+    assert_user_error(cli(filter_args(tiny_model_dir, make(tmp_path), tmp_path / "run")), named)
+    assert not (tmp_path / "run").exists()
+
+
+def test_soar_report_speaks_as_every_command(tmp_path):
+    assert_user_error(cli([script("soar-report"), str(tmp_path / "nothing")]), "nothing: not a run directory")
+
+
+def test_a_wandb_run_is_one_run_dir_not_one_name(tmp_path):
+    """W&B ``id=run.name`` with ``resume="allow"`` merged two runs that shared a name; the id now comes
+    from the run's meta.json (written once): the same on resume, another for another run of that name."""
+    import soar
+    from soar.run import RunDir, wandb_run_id
+
+    ids = []
+    for folder in ("a", "b", "a"):
+        run = RunDir(soar.compose(["model.path=org/m", "data.path=org/d", f"run.dir={tmp_path / folder}",
+                                   "run.name=same"]), "rl")
+        run.commit()
+        ids.append(wandb_run_id(run.path, "same"))
+        run.close()
+    assert ids[0] == ids[2] != ids[1] and ids[0].startswith("same-")
+
+
+def test_no_process_allows_vllm_pickles_unless_it_starts_an_engine():
+    """``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` was set at import, process-wide, even with backend=hf; it is
+    now set only while an engine starts and is pushed weights (``soar.vllm_backend.pickled_calls``)."""
+    import soar.cli  # noqa: F401  (imports soar.vllm_backend)
+    from soar.vllm_backend import INSECURE_SERIALIZATION, pickled_calls
+
+    assert INSECURE_SERIALIZATION not in os.environ
+    with pickled_calls():
+        assert os.environ[INSECURE_SERIALIZATION] == "1"
+    assert INSECURE_SERIALIZATION not in os.environ

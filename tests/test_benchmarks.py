@@ -201,7 +201,8 @@ def test_hard_set_from_a_jsonl_is_split_like_soar_filter(tmp_path):
 
 
 def test_hard_set_from_a_jsonl_with_a_split_column(tmp_path):
-    rows = [{"id": f"q{i}", "question": "1+1", "answer": "2", "split": "test" if i < 2 else "train"} for i in range(5)]
+    rows = [{"id": f"q{i}", "question": f"{i}+1", "answer": str(i + 1), "split": "test" if i < 2 else "train"}
+            for i in range(5)]
     train, test, _ = given_hard_set(hard_cfg(write_jsonl(tmp_path / "s.jsonl", rows)))
     assert [p.id for p in test] == ["q0", "q1"] and [p.id for p in train] == ["q2", "q3", "q4"]
     rows[3]["split"] = "dev"
@@ -230,7 +231,7 @@ def test_hard_set_folder_is_read_in_the_record_schema_whatever_data_keys(tmp_pat
     (tmp_path / "hs").mkdir()
     for split in ("train", "test"):
         write_jsonl(tmp_path / "hs" / f"hard_{split}.jsonl",
-                    [{"id": f"{split}{i}", "question": "q", "answer": "1", "source": "math",
+                    [{"id": f"{split}{i}", "question": f"q {split} {i}", "answer": "1", "source": "math",
                       "meta": json.dumps({"level": 5}), "provenance": "{}"} for i in range(2)])
     train, test, source = given_hard_set(hard_cfg(tmp_path / "hs"))
     assert [p.id for p in train + test] == ["train0", "train1", "test0", "test1"] and source == str(tmp_path / "hs")

@@ -140,7 +140,7 @@ def test_rejection_sampling_keeps_first_valid_in_order_and_counts_rejects():
 
 def test_rejection_sampling_cap_names_step_and_valid_fraction():
     gen = ScriptedGenerator(["ok"] + ["bad"] * 50)
-    with pytest.raises(RejectionCapError, match=r"outer step 3: 1/10 completions valid \(10.0%\)"):
+    with pytest.raises(RejectionCapError, match=r"the teacher after 3 outer steps\): 1/10 completions valid \(10.0%\)"):
         sample_valid(gen, "P", 4, SamplingParams(), parse, batch=5, max_attempts=10, seed=0, step=3)
 
 
@@ -159,7 +159,7 @@ def test_a_non_finite_loss_aborts_naming_step_and_phase():
     from soar.loop import LoopError, phase
 
     times = {}
-    with pytest.raises(LoopError, match="outer step 7, phase teacher_update: non-finite teacher loss"):
+    with pytest.raises(LoopError, match="outer step 8, phase teacher_update: non-finite teacher loss"):
         with phase("teacher_update", 7, times):
             raise FloatingPointError("non-finite teacher loss at its step 7")
     assert times == {}  # nothing recorded for the failed phase; the checkpoint comes later and is skipped

@@ -130,8 +130,10 @@ def test_distill_gradient_is_the_reverse_kl_gradient_in_expectation():
 
 def test_teacher_scores_the_policys_sampled_token_ids(rehearsal_model_dir):
     """A real step on the Llama-3.2 tokenizer: the teacher's forward passes see, per rollout, the
-    advice-conditioned prompt with one BOS followed by exactly the ids the policy sampled (EOS included,
-    padding only after them), and its log-probs sit at the policy's completion positions."""
+    advice-conditioned prompt with one BOS followed by exactly the rollout's ids (EOS included,
+    padding only after them), and its log-probs sit at the policy's completion positions. The rollouts
+    are given to ``step`` as a batched sampler hands them (``samples_QG``), built here so that their
+    lengths differ and some end on an EOS id, others without one, whatever the model would sample."""
     cfg = soar.compose(["experiment=paper_rehearsal", f"model.path={rehearsal_model_dir}"])
     tok, model = load_tokenizer(cfg.model), load_model(cfg.model)
     teacher = load_model(cfg.model)
@@ -152,11 +154,18 @@ def test_teacher_scores_the_policys_sampled_token_ids(rehearsal_model_dir):
                                             with_kwargs=True)
     problems = [Problem(id="a", question="What is 2+3?", answer="5"),
                 Problem(id="b", question="Compute 7 times 6.", answer="42")]
-    prompts, params = trainer.rollout_request(problems)
-    samples = trainer.sampler().generate(prompts, params)
+    prompts, _ = trainer.rollout_request(problems)
+    eos = (128009, 128008, 128001)
+
+    def rollout(q: int, g: int) -> Sample:  # the right answer for g < 2, so the advantages are not all zero
+        text = " ".join(["so"] * (q * s.group_size + g)) + f" \\boxed{{{problems[q].answer if g < 2 else 0}}}"
+        ids = tok.encode(text, add_special_tokens=False)
+        stop = g != 1  # each question's second rollout ends without an EOS, as one cut at max_tokens does
+        return Sample(text, ids + [eos[g]] if stop else ids, "stop" if stop else "length")
+
+    samples = [[rollout(q, g) for g in range(s.group_size)] for q in range(len(problems))]
     flat = [smp for group in samples for smp in group]
-    assert any(smp.token_ids[-1] in (128001, 128008, 128009) for smp in flat), "no rollout ended on an EOS id"
-    assert len({len(smp.token_ids) for smp in flat}) > 1, "equal lengths: padding untested"
+    assert len({len(smp.token_ids) for smp in flat}) > 1 and max(len(f.token_ids) for f in flat) <= s.max_tokens
     result = trainer.step(problems, samples)
     assert result.metrics["distill/advised_frac"] == pytest.approx(5 / 6)
 

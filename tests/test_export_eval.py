@@ -202,11 +202,11 @@ def _model(run_dir):
 
 
 @pytest.mark.parametrize("damage, named", [
-    ("delete:pq.jsonl", "pq.jsonl: missing"),
+    ("delete:checkpoints/step_000003/state.json", "state.json: missing"),  # PQ and promotions as of that step
     ("corrupt:metrics.jsonl", "metrics.jsonl: line 2 is corrupt"),
     ("corrupt:config.yaml", "config.yaml: corrupt config"),
-    ("delete:promotions.jsonl", "promotions.jsonl: missing"),
-    ("corrupt:checkpoints/step_000003/teacher.pt", "teacher.pt: corrupt teacher checkpoint"),
+    ("corrupt:checkpoints/step_000003/state.json", "state.json: corrupt JSON"),
+    ("corrupt:checkpoints/step_000003/teacher.pt", "teacher.pt: cannot be read"),
 ])
 def test_missing_or_corrupt_run_file_is_named(micro_run, tmp_path, damage, named):
     from soar.export import run_export

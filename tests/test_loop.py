@@ -257,7 +257,8 @@ def test_more_reward_questions_than_hard_train_is_a_config_error(tiny_model_dir,
     hard.mkdir()
     for split in ("train", "test"):
         (hard / f"hard_{split}.jsonl").write_text(
-            "".join(json.dumps({"id": f"{split}{i}", "question": "123+456", "answer": "5790"}) + "\n" for i in range(3)))
+            "".join(json.dumps({"id": f"{split}{i}", "question": f"12{i}+45{len(split)}", "answer": "5790"}) + "\n"
+                    for i in range(3)))
     res = run_cli(micro_args(tiny_model_dir, tmp_path / "run", f"loop.hard_set={hard}"), check=False)
     assert res.returncode == 2 and "inner.reward_questions: M=8 is larger than the hard train split (3" in res.stderr
 
@@ -291,6 +292,14 @@ def test_intrinsic_teacher_and_base_teacher_variants(reference_run, tiny_model_d
 def test_lora_teacher_and_students(reference_run, tiny_model_dir, tmp_path):
     """LoRA students are promoted as merged copies (plus their adapter); the LoRA teacher's KL
     reference is the base with its adapter disabled."""
+    import torch
+
+    import soar
+    from soar.grading import make_grader
+    from soar.models import load_model, load_tokenizer
+    from soar.policy.rloo import pack_sequences, token_logprobs
+    from soar.teachers.update import TeacherPolicy
+
     run_dir = tmp_path / "lora"
     run_cli(micro_args(tiny_model_dir, run_dir, f"loop.hard_set={reference_run[0] / 'hard_set'}", "loop.steps=2",
                        "promotion.window=1", "student.lora.r=4", "student.lr=1e-3", "teacher.lora.r=4", "teacher.lr=1e-3"))
@@ -298,7 +307,23 @@ def test_lora_teacher_and_students(reference_run, tiny_model_dir, tmp_path):
     assert [r["promotion/promoted"] for r in rows] == [1, 1]  # window 1 and tau -1: every step promotes
     assert [r["student/inner_steps"] for r in rows] == [2, 3]  # step 2 trains LoRA on the merged baseline
     assert rows[0]["teacher/kl"] == pytest.approx(0.0, abs=1e-6)  # adapter starts at zero: teacher == reference
-    assert rows[1]["teacher/kl"] > 0 or rows[0]["teacher/skipped_zero_adv"] == 1
+    # Whether the run's teacher moved depends on whether its datasets' rewards tied (on the shipped model they
+    # do), and a moved one's step-2 KL at lr 1e-3 (~5e-9 a token) may round to 0 in float32 (CI logged 0.0);
+    # so the reference is checked on the teacher policy by construction: two updates with nonzero advantages
+    # (AdamW moves each adapter B weight about lr, here 1e-2), after which the reference log-probs are still
+    # the base model's and the teacher's are not.
+    cfg = soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", "teacher.lora.r=4", "teacher.lr=1e-2"])
+    tok, base = load_tokenizer(cfg.model), load_model(cfg.model)
+    teacher = TeacherPolicy(cfg, load_model(cfg.model), tok, make_grader(cfg.data.grader), cfg.data.prompt_template, 256)
+    completions = [tok.encode(t, add_special_tokens=False) for t in ("12+34 = 46", "5+5 = 10", "700+300 = 1000", "9+1 = 1")]
+    prompts, adv = [teacher.prompt_ids] * len(completions), torch.tensor([1.0, -1.0, 1.0, -1.0])
+    first, second = (teacher.trainer.update(prompts, completions, adv) for _ in range(2))
+    assert not first["skipped"] and first["kl"] == 0 and second["kl"] > 0
+    ids, attn, _ = pack_sequences(prompts, completions, tok.pad_token_id)
+    with torch.no_grad():
+        reference = teacher.trainer.reference_logprobs(ids, attn)
+        assert torch.allclose(reference, token_logprobs(base, ids, attn, cfg.teacher.temperature), rtol=0, atol=1e-6)
+        assert not torch.allclose(reference, token_logprobs(teacher.trainer.model, ids, attn, cfg.teacher.temperature))
     promoted = run_dir / "promoted" / "promotion_02"
     assert (promoted / "config.json").exists() and (promoted / "adapter" / "adapter_config.json").exists()
 

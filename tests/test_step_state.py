@@ -111,7 +111,7 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_only_machine(tmp_path):
         serialization._package_registry[:] = [e for e in serialization._package_registry if e[1] is not as_if_on_a_gpu[0]]
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):  # what resuming did before (2026-12-04)
-            torch.load(tmp_path / "teacher.pt", weights_only=False)
+            torch.load(tmp_path / "teacher.pt", weights_only=True)
     state, loaded = LoopState.load(tmp_path)
     assert state.step == 4 and loaded["step"] == 4
     assert loaded["trainable"]["w"].device.type == "cpu"

@@ -4,6 +4,8 @@ weights' SHA-256 and the accuracy table of its model card. Writes JSON (time, ha
     python dev/scripts/rebuild_world.py                      # the default world (experiment=arith)
     python dev/scripts/rebuild_world.py --ship               # (maintainers) put the rebuilt model in the package
     python dev/scripts/rebuild_world.py -- world.seed=1      # any other world, by overrides
+    python dev/scripts/rebuild_world.py --experiment arith_micro --out dev/results/rebuild_world_micro.json
+                                                             # the tests' world (experiment=arith_micro)
 
 The rebuild runs ``soar-world pretrain``'s code into a temporary folder (never the cache), so it
 always pretrains. On the kind of machine the shipped copy came from (2 x86-64 cores, torch 2.13
@@ -34,6 +36,7 @@ def sha256(path: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(RESULTS / "rebuild_world.json"))
+    ap.add_argument("--experiment", default="arith", help="the preset whose world to rebuild")
     ap.add_argument("--ship", action="store_true", help="copy the rebuilt model into soar/worlds/shipped/")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides after --")
     args = ap.parse_args()
@@ -44,7 +47,7 @@ def main() -> None:
     from soar.worlds.arith import SHIPPED, pretrain, shipped_dir, world_hash
     from soar.worlds.base import get_world
 
-    cfg = soar.compose(["experiment=arith", *args.overrides])
+    cfg = soar.compose([f"experiment={args.experiment}", *args.overrides])
     wcfg = get_world("arith").config(cfg)
     shipped = shipped_dir(wcfg, wcfg.seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,7 +56,8 @@ def main() -> None:
         built = pretrain(wcfg, wcfg.seed, progress=True)
         seconds = time.perf_counter() - t0
         info = json.loads((built / "train_info.json").read_text())
-        report = {"world": f"arith-{world_hash(wcfg, wcfg.seed)}", "overrides": args.overrides, "seconds": seconds,
+        report = {"world": f"arith-{world_hash(wcfg, wcfg.seed)}", "experiment": args.experiment,
+                  "overrides": args.overrides, "seconds": seconds,
                   "steps": info["steps"], "rebuilt": {"sha256": sha256(built / "model.safetensors"),
                                                        "accuracy_by_carries": info["accuracy_by_carries"]},
                   "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,

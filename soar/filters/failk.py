@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from soar.config import BANDS
+from soar.config import BANDS, ConfigError
 from soar.data import (
     DataError,
     Problem,
+    dedupe_questions,
     load_problem_records,
     load_problems,
     quiet_datasets,
@@ -164,6 +165,7 @@ def run_filter(problems: list[Problem], generator, grader, cfg, out_dir: Path, p
                progress: bool = True) -> dict:
     """Sample k per problem, record outcomes, build the hard split. Returns the summary dict."""
     f = cfg.filter
+    problems, duplicates = dedupe_questions(problems, "fail@k pool")
     sampling = {"temperature": f.temperature, "max_tokens": f.max_tokens, "top_p": 1.0, "top_k": 0}
     provenance = {
         "model": provenance_extra["model"],
@@ -203,13 +205,30 @@ def run_filter(problems: list[Problem], generator, grader, cfg, out_dir: Path, p
     elapsed = time.perf_counter() - t0
     return build_hard_set(problems, done, cfg, out_dir, provenance,
                           throughput={"seconds": elapsed, "samples": n_samples,
-                                      "samples_per_s": n_samples / elapsed if elapsed else None}, grader=grader)
+                                      "samples_per_s": n_samples / elapsed if elapsed else None}, grader=grader,
+                          duplicates=duplicates)
+
+
+def check_overflow(zero: list[Problem], rows: dict[str, dict], cfg) -> None:
+    """Refuse a hard set of truncations: more than ``filter.max_overflow_frac`` of the 0/k problems'
+    samples cut at ``filter.max_tokens`` (a cut sample counts as a failure), naming the setting."""
+    f = cfg.filter
+    cut = sum(rows[p.id].get("overflow", 0) for p in zero)
+    if zero and cut / (len(zero) * f.k) > f.max_overflow_frac:
+        raise ConfigError(f"config error: filter.max_tokens: {cut} of the {len(zero) * f.k} samples of the {len(zero)} "
+                          f"problems at 0/{f.k} ({cut / (len(zero) * f.k):.0%}, more than filter.max_overflow_frac="
+                          f"{f.max_overflow_frac:g}) were cut at filter.max_tokens={f.max_tokens} before an answer, so "
+                          "the hard set would hold truncations, not failures; raise filter.max_tokens (in a new run "
+                          "dir: this one's manifest holds these samples), or set filter.max_overflow_frac=1 to accept it")
 
 
 def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenance: dict, throughput: dict,
-                   grader=None) -> dict:
+                   grader=None, duplicates: list[str] | None = None) -> dict:
     """The hard split of the 0/k problems whose gold ``grader`` (default: ``data.grader``'s) can grade
-    (``ungradable``: the others are listed in the summary as ``ungradable_golds``), and the summary."""
+    (``ungradable``: the others are listed in the summary as ``ungradable_golds``), and the summary;
+    refused when most of their samples were cut at ``filter.max_tokens`` (``check_overflow``).
+    ``duplicates``: the ids left out of the pool as repeats of another row's question (the summary's
+    ``duplicate_questions``)."""
 
     f = cfg.filter
     counts = {"all_zero": 0, "mixed": 0, "all_one": 0}
@@ -220,6 +239,7 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
         if band(r["passes"], f.k) == "mixed":
             mixed_rates.append(r["passes"] / f.k)
     zero = [p for p in problems if rows[p.id]["passes"] == 0]
+    check_overflow(zero, rows, cfg)
     bad = set(ungradable(zero, grader or make_grader(cfg.data.grader)))
     if bad:
         log.warning("fail@%d: %d of the %d problems at 0/%d have a gold answer the grader (%s) cannot grade; left out "
@@ -243,6 +263,7 @@ def build_hard_set(problems, rows: dict[str, dict], cfg, out_dir: Path, provenan
     summary = {
         "problems": len(problems), "bands": counts, "hard": len(hard_ids),
         "ungradable_golds": [p.id for p in zero if p.id in bad],
+        "duplicate_questions": len(duplicates or []), "duplicate_ids": list(duplicates or []),
         "hard_train": len(train_ids), "hard_test": len(test_ids),
         "token_overflow_samples": sum(rows[p.id]["overflow"] for p in problems),
         "grading_errors": sum(rows[p.id].get("grading_errors", 0) for p in problems),
@@ -375,7 +396,7 @@ def run_filter_stage(cfg) -> dict:
     try:
         summary = filter_to_hard_set(cfg, stage.prepared, stage.model, stage.tokenizer, stage.run.path,
                                      cfg.run.progress)
-        shown = {k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test")}
+        shown = {k: summary[k] for k in ("problems", "bands", "hard", "hard_train", "hard_test", "duplicate_questions")}
         print(json.dumps({**shown, "ungradable_golds": len(summary["ungradable_golds"])}))
         return summary
     finally:

@@ -134,6 +134,17 @@ class MasterWeights:
         self.hooks, self.pairs = [], []
 
 
+def non_finite_loss(role: str, updates: int, lr: float, which: str = "") -> str:
+    """What a non-finite loss says: whose, in which of its updates (1-based), and what to change. An
+    update's loss comes from the weights the earlier updates left: after some at too high a
+    ``{role}.lr`` they diverged; in the first, the model itself gives non-finite log-probs."""
+    if updates == 0:
+        return (f"non-finite {role} loss in its first update{which}, before any weight change: the model's "
+                "log-probs are not finite; check model.path and model.dtype")
+    return (f"non-finite {role} loss in its update {updates + 1}{which}, after {updates} at {role}.lr={lr:g}: its "
+            f"weights diverged; lower {role}.lr")
+
+
 class RLOOTrainer:
     """Owns a policy (full model or peft LoRA), its reference, optimiser and schedule."""
 
@@ -388,7 +399,7 @@ class RLOOTrainer:
                 advised_tokens += int(advised_mask.sum().item())
             loss, pg, kl_sum = weighted_rloo_loss(logp, ref_logp, pg_weight, mask, cfg.kl_coef, normaliser)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite {self.role} loss at its step {self.step_count}")
+                raise FloatingPointError(non_finite_loss(self.role, self.step_count, cfg.lr))
             loss.backward()
             pg_total += pg.item()
             kl_total += kl_sum.item()

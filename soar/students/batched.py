@@ -37,7 +37,7 @@ from soar.generation import HFGenerator, SamplingParams, finish_sample, grade_co
 from soar.models import export_policy, save_policy
 from soar.policy.rloo import weighted_rloo_loss
 from soar.policy.scores import REWARD_METRICS, gold_completion_ids
-from soar.policy.trainer import MasterWeights, cosine_schedule, grade_rollouts, rollout_metrics
+from soar.policy.trainer import MasterWeights, cosine_schedule, grade_rollouts, non_finite_loss, rollout_metrics
 from soar.samples import sampling_uniforms
 from soar.seeding import derive_seed
 from soar.stacked_llama import CompletionTree, StackedLlama
@@ -303,7 +303,7 @@ class BatchedStudents:
                 loss, pg, kl_sum = weighted_rloo_loss(logp[a], ref[a] if scfg.kl_coef > 0 else None, pg_weight[a],
                                                       kl_weight[a], scfg.kl_coef, normalisers[a])
                 if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite student loss at its step {step} (stacked student {active[a]})")
+                    raise FloatingPointError(non_finite_loss("student", step, scfg.lr, f" (stacked student {active[a]})"))
                 total = total + loss
                 o["pg_loss"] += pg.item()
                 o["kl_sum"] += kl_sum.item()

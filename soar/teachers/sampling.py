@@ -37,7 +37,7 @@ def sample_valid(generator, prompt: str, count: int, params: SamplingParams, par
     while len(rollouts) < count:
         if attempts >= max_attempts:
             raise RejectionCapError(
-                f"teacher rejection sampling hit its cap at outer step {step}: {len(rollouts)}/{attempts} "
+                f"teacher rejection sampling hit its cap (the teacher after {step} outer steps): {len(rollouts)}/{attempts} "
                 f"completions valid ({len(rollouts) / max(attempts, 1):.1%}), {count} needed; rejects: "
                 f"{dict(reasons)}. Raise teacher.max_attempts_factor or check teacher.prompt / max_tokens.")
         n = min(batch, max_attempts - attempts)

@@ -31,7 +31,7 @@ from soar.data import Problem, render_prompt, write_jsonl
 from soar.generation import HFGenerator, correctness
 from soar.grading import make_grader
 from soar.models import build_char_tokenizer, build_tiny_llama, set_threads
-from soar.run import progress_bar
+from soar.run import RunDir, foreign_folder, progress_bar
 from soar.seeding import derive_seed
 from soar.teachers.prompts import format_pair
 from soar.worlds.base import World, register_world
@@ -307,22 +307,58 @@ def padded_loss_backward(model, ids: list[list[int]], labels: list[list[int]], p
     return loss.item()
 
 
+BUILDING = ".soar-world-build"
+"""Marks the temp folder (``<world dir>.tmp``) a build writes in: only such a folder, a killed build's,
+is ever removed."""
+
+
 def pretrain(wcfg: ArithWorldConfig, seed: int, progress: bool = True) -> Path:
     """Build the tokenizer and model, pretrain to the frontier, save in HF format (cached).
 
     Processes that need the same world at once (parallel runs or test workers on a fresh machine)
-    build it once: the first holds ``<world dir>.lock`` while it builds, the others wait and load it."""
+    build it once: the first holds ``<world dir>.lock`` while it builds, the others wait and load it.
+    It writes only into folders it made: a ``world.out_dir`` holding anything but a world model of
+    this config, or a ``<out_dir>.tmp`` a build did not make, is refused by name (``check_world_dir``)."""
     out = world_dir(wcfg, seed)
-    if (out / "train_info.json").exists():
+    if check_world_dir(wcfg, seed, out):
         log.info("world model cached at %s", out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(out.name + ".lock"), "w") as lock:
+    with open(out.with_name(out.name + ".lock"), "a") as lock:  # "a": a file of that name is not emptied
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        if (out / "train_info.json").exists():
+        if check_world_dir(wcfg, seed, out):
             log.info("world model built by another process at %s", out)
             return out
         return _pretrain_unlocked(wcfg, seed, out, progress)
+
+
+def check_world_dir(wcfg: ArithWorldConfig, seed: int, out: Path) -> bool:
+    """Whether ``out`` holds this world's model (True), or nothing yet (False: absent or empty, and no
+    ``<out>.tmp`` but a killed build's). Anything else is refused, naming the folder: a folder of other
+    files, another world's model (its ``train_info.json``), a temp folder this command did not make."""
+    field = "world.out_dir" if wcfg.out_dir else "world (its cache folder)"
+    if (out / "train_info.json").is_file():
+        if wcfg.out_dir:  # a cache folder's name is its world's hash
+            try:
+                info = json.loads((out / "train_info.json").read_text())
+                known = {k: v for k, v in info["config"].items() if k in ArithWorldConfig.__dataclass_fields__}
+                built = world_hash(ArithWorldConfig(**known), info["seed"])
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ConfigError(f"config error: {field}: {out / 'train_info.json'} cannot be read ({exc}); choose "
+                                  f"another {field}") from None
+            if built != world_hash(wcfg, seed):
+                raise ConfigError(f"config error: {field}: {out} holds another world model (arith-{built}; this "
+                                  f"config is arith-{world_hash(wcfg, seed)}); choose another {field}")
+        return True
+    refusal = foreign_folder(out, field, "no world model (no train_info.json)")
+    if refusal is not None:
+        raise refusal
+    tmp = out.with_name(out.name + ".tmp")
+    foreign = not (tmp / BUILDING).exists() and any(tmp.iterdir()) if tmp.is_dir() else tmp.exists()
+    if foreign:
+        raise ConfigError(f"config error: {field}: {tmp}, where the build writes, holds files no build made; move it "
+                          f"or choose another {field}")
+    return False
 
 
 def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: bool) -> Path:
@@ -334,7 +370,10 @@ def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: b
             raise ConfigError(f"config error: world.{name}: {len(weights)} weights (carry counts 0..{len(weights) - 1}) "
                               f"but {wcfg.digits}-digit sums have at most {wcfg.digits} carries")
     set_threads(wcfg.threads)
-    shutil.rmtree(out.with_name(out.name + ".tmp"), ignore_errors=True)  # a killed build's leftovers
+    tmp = out.with_name(out.name + ".tmp")  # check_world_dir: absent, empty or a killed build's
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / BUILDING).touch()
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden=wcfg.hidden, layers=wcfg.layers, heads=wcfg.heads,
                              intermediate=2 * wcfg.hidden, max_positions=wcfg.max_positions, seed=seed)
@@ -379,7 +418,7 @@ def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: b
         opt.step()
         sched.step()
         if step in wcfg.snapshot_steps:
-            snap = out.with_name(out.name + ".tmp") / "snapshots" / f"step_{step}"
+            snap = tmp / "snapshots" / f"step_{step}"
             model.save_pretrained(snap)
             tok.save_pretrained(snap)
             (snap / "train_info.json").write_text(json.dumps(  # loadable as a world by out_dir
@@ -399,9 +438,7 @@ def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: b
         probs = generate_problems(wcfg.digits, c, wcfg.eval_per_carry, seed + 2, "profile")
         profile[f"c{c}"] = {"greedy": accuracy(model, tok, probs, wcfg.student_template),
                             "T1": accuracy(model, tok, probs, wcfg.student_template, 1.0, wcfg.stop_samples, seed=seed)}
-    tmp = out.with_name(out.name + ".tmp")  # snapshots, if any, are already in it
-    tmp.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp)  # beside the snapshots, if any
     tok.save_pretrained(tmp)
     info = {"seed": seed, "config": asdict(wcfg), "steps": stopped_at or wcfg.max_steps,
             "stopped_at_frontier": stopped_at is not None,
@@ -415,8 +452,9 @@ def _pretrain_unlocked(wcfg: ArithWorldConfig, seed: int, out: Path, progress: b
         "Accuracy by carry count (greedy and sampled at T=1): "
         f"{json.dumps(profile)}\n\nStudent prompt: `{wcfg.student_template}`; answer in `\\boxed{{}}`. Teacher "
         f"prompt: `{wcfg.teacher_prompt.strip()}`.\n")
+    (tmp / BUILDING).unlink()
     if out.exists():
-        shutil.rmtree(out)
+        out.rmdir()  # empty (check_world_dir)
     tmp.rename(out)
     log.info("world model saved to %s (%d steps, %.0f s): %s", out, info["steps"], info["seconds"], profile)
     return out
@@ -491,13 +529,13 @@ class ArithWorld(World):
     config_class = ArithWorldConfig
 
     def build_model(self, cfg) -> Path:
-        """The cached world model, else the packaged one, else pretrain it."""
+        """The world model the package ships for this config (the same weights on every machine), else
+        the one built for it (``world.out_dir``, or the cache), else pretrain it there."""
         wcfg = self.config(cfg)
-        if not wcfg.out_dir and not (world_dir(wcfg, wcfg.seed) / "train_info.json").exists():
-            shipped = shipped_dir(wcfg, wcfg.seed)
-            if shipped is not None:
-                log.info("world model shipped with the package: %s", shipped)
-                return shipped
+        shipped = None if wcfg.out_dir else shipped_dir(wcfg, wcfg.seed)
+        if shipped is not None:
+            log.info("world model shipped with the package: %s", shipped)
+            return shipped
         return pretrain(wcfg, wcfg.seed, progress=cfg.run.progress)
 
     def build_pool(self, cfg, out_dir: Path) -> Path:
@@ -520,11 +558,17 @@ class ArithWorld(World):
 
     def run(self, cfg, command: str) -> None:
         """``soar-world pretrain`` builds the world model (into the cache or ``world.out_dir``, even when
-        the package ships it); ``soar-world problems`` writes the pool and the stepping-stone / control
-        families to the run dir. Both print what they wrote."""
+        the package ships it; never into a folder of other files); ``soar-world problems`` writes the
+        pool and the stepping-stone / control families to its own run dir (``soar.run.RunDir``, stage
+        ``world``: a new or empty folder, or its own run with the same settings; never another
+        command's run, such as a soar-train run's ``problems/``). Both print what they wrote."""
         wcfg = self.config(cfg)
         if command == "pretrain":  # always pretrains (or reuses its own cache), never the packaged copy
             print(pretrain(wcfg, wcfg.seed, progress=cfg.run.progress))
-        else:
-            out = Path(cfg.run.dir or Path("runs") / cfg.run.name)
-            print(json.dumps({k: str(v) for k, v in write_families(wcfg, problem_seed(wcfg), out).items()}))
+            return
+        run = RunDir(cfg, "world")
+        try:
+            run.commit()
+            print(json.dumps({k: str(v) for k, v in write_families(wcfg, problem_seed(wcfg), run.path).items()}))
+        finally:
+            run.close()
