@@ -31,10 +31,10 @@ from soar.data import load_problems, problems_hash
 from soar.generation import HFGenerator, make_generator
 from soar.grading import make_grader
 from soar.hydra_config import data_group
-from soar.models import load_model, load_trainer_state
+from soar.models import load_model
 from soar.policy.rloo import completion_values, pack_sequences, token_logprobs
 from soar.policy.trainer import RLOOTrainer
-from soar.run import MetricsLogger, atomic_write_text
+from soar.run import MetricsLogger, atomic_write_text, load_checkpoint_state
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.students.trainer import batch_indices, sharing_copy
@@ -166,7 +166,7 @@ def run_team(cfg) -> dict:
         scorer = make_scorer(cfg) if credit.needs_scores else None
         start = 0
         if run.resume_from is not None:
-            state = load_trainer_state(run.resume_from / "state.pt")
+            state = load_checkpoint_state(run.resume_from / "state.pt")
             for name, trainer in trainers.items():
                 trainer.load_state_dict(state["agents"][name])
             start = state["step"]
