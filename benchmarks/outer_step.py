@@ -106,7 +106,7 @@ def instrument(timers: StepTimers) -> None:
     from soar.grading import Grader, MathVerifyGrader
     from soar.rewards import GroundedReward, IntrinsicReward
     from soar.stacked_llama import StackedLlama
-    from soar.students.batched import BatchedStudents
+    from soar.students.stacked import StackedStudents
     from soar.teachers.update import TeacherPolicy
 
     # Work: the same function counts as the phase of whoever calls it.
@@ -118,7 +118,7 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(StackedLlama, "prefill", kind="forward_backward")
     timers.wrap(StackedLlama, "tree_logprobs", kind="forward_backward")
     timers.wrap(torch.Tensor, "backward", kind="forward_backward")
-    timers.wrap(BatchedStudents, "_optimise", kind="optimizer")
+    timers.wrap(StackedStudents, "_optimise", kind="optimizer")
     # Before any AdamW exists: its first instance hooks the class's step, and each scheduler wraps it.
     timers.wrap(torch.optim.AdamW, "step", kind="optimizer")
     timers.wrap(Grader, "grade_batch", kind="grading")
@@ -131,8 +131,8 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(DiversityMeter, "__call__", phase="diversity")
     timers.wrap(GroundedReward, "__call__", phase="student_training")  # incl. a Ray pool's students
     timers.wrap(soar.students.trainer, "train_student", phase="student_training")
-    timers.wrap(BatchedStudents, "run", phase="student_training")
-    timers.wrap(BatchedStudents, "_score", phase="student_evaluation")
+    timers.wrap(StackedStudents, "run", phase="student_training")
+    timers.wrap(StackedStudents, "_score", phase="student_evaluation")
     timers.wrap(soar.policy.trainer.RLOOTrainer, "evaluate", phase="student_evaluation")  # trained students on Q_R
     timers.wrap(soar.loop.Loop, "scores", phase="student_evaluation")  # the baseline on Q_R, hard-train, hard-test
     timers.wrap(IntrinsicReward, "__call__", phase="student_evaluation")  # the base student on teacher questions

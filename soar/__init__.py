@@ -10,7 +10,7 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
                   (soar.memory_plan), stacked_llama, a team's pure parts (soar.team: credit, sandbox, formats,
                   episode, metrics)
     2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, scores)
-    3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, batched,
+    3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, stacked,
                   promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
                   worlds (the World interface and one module per world), the Llama-3.2 rehearsal model, the
                   coach of context distillation (soar.coach), a team's chain (soar.team.rollout)
@@ -50,7 +50,7 @@ LAYERS: dict[str, int] = {
     "soar.policy": 2, "soar.policy.rloo": 2, "soar.policy.scores": 2, "soar.policy.trainer": 2,
     "soar.teachers": 3, "soar.teachers.prompts": 3, "soar.teachers.parse": 3, "soar.teachers.sampling": 3,
     "soar.teachers.update": 3, "soar.students": 3, "soar.students.trainer": 3, "soar.students.pool": 3,
-    "soar.students.lockstep": 3, "soar.students.batched": 3, "soar.students.promotion": 3, "soar.rewards": 3,
+    "soar.students.lockstep": 3, "soar.students.stacked": 3, "soar.students.promotion": 3, "soar.rewards": 3,
     "soar.worlds": 3, "soar.worlds.base": 3, "soar.worlds.arith": 3, "soar.rehearsal": 3,
     "soar.coach": 3, "soar.worlds.arith_team": 3, "soar.team.rollout": 3,
     "soar.validation": 4, "soar.hydra_config": 4, "soar.rundata": 4, "soar.stage": 4, "soar.rl": 4,

@@ -898,7 +898,7 @@ class ResourcesConfig:
     ``student.lora.r`` > 0 and ``num_workers`` 0; batching needs ``backend.student=vllm`` with
     ``backend.vllm.enable_lora`` (ideally ``max_loras`` >= g*r), else one call per student."""
     batched: bool = False
-    """Stacked students (``soar.students.batched``): the step's g*r students train as one model with
+    """Stacked students (``soar.students.stacked``): the step's g*r students train as one model with
     stacked weights in this process (batched matrix products, each prompt and each shared completion
     prefix run once, all rollouts decoded together), with the results of training them one by one up to
     float rounding. For fully fine-tuned Llama-architecture students small enough that g*r copies of

@@ -46,8 +46,8 @@ from soar.signals import StopRequest
 from soar.stage import setup_stage
 from soar.state import Checkpoints, LoopState, save_model_atomic
 from soar.step_dump import start_completions, write_step_dump
-from soar.students.batched import BatchedStudents
 from soar.students.promotion import PromotionPolicy
+from soar.students.stacked import StackedStudents
 from soar.teachers.sampling import RejectionCapError
 from soar.teachers.update import TeacherPolicy, dataset_advantages
 from soar.worlds.base import answer_oracle_hook
@@ -107,7 +107,7 @@ class Loop:
         layout the students are scored in (the stacked students' own, when they are stacked)."""
         seed = derive_seed(self.cfg.seed, "baseline_eval", seed_label)
         students = getattr(self.reward_fn, "students", None)
-        if isinstance(students, BatchedStudents):
+        if isinstance(students, StackedStudents):
             return students.score(self.baseline, problems, metric, seed)
         return problem_scores(metric, self.baseline, self.tokenizer, self.eval_gen, self.grader, problems, self.template,
                               self.cfg.student, self.cfg.inner, seed)

@@ -2,7 +2,7 @@
 seeded draw that turns a row's logits into its next token.
 
 A module of its own so both backends (``soar.generation``'s HF one and ``soar.vllm_backend``) and the
-stacked students (``soar.students.batched``) build on it without importing each other;
+stacked students (``soar.students.stacked``) build on it without importing each other;
 ``soar.generation`` re-exports the first three.
 
 Sampling is by inverse CDF from one uniform per (row, step): row ``r`` of a request (prompt ``r // n``,

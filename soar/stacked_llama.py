@@ -9,7 +9,7 @@ forward, backward or decode step serves all S copies with batched matrix product
 
 It is the math of ``transformers``' ``LlamaForCausalLM`` (RMSNorm, rotary embeddings from its own
 ``LlamaRotaryEmbedding``, grouped-query attention, SwiGLU, a tied or separate LM head), laid out for the
-students of one outer step (``soar.students.batched``):
+students of one outer step (``soar.students.stacked``):
 
 - **Shared prompts.** A question's ``n`` samples share its prompt: it is run once per question, and its
   keys and values are read by every sample through a split attention (the prompt's keys per question,

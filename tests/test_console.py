@@ -65,7 +65,7 @@ def test_the_outer_loop_eta_is_right_after_the_first_step():
     """arith_micro: 3 steps of 4 students (g 2 x r 2). A first step of 40 s whose students finish in one
     burst leaves 2 steps, 80 s: the ETA says 01:20 (tqdm's default rate, a moving average over its redraws,
     took the burst's first student for the step's 40 s and said 05:20). Stacked students are counted in
-    one update (``tests/test_batched_students.py``)."""
+    one update (``tests/test_stacked_students.py``)."""
     cfg = soar.compose(["experiment=arith_micro"])
     bar = outer_loop_bar(cfg, 0, file=Terminal())
     clock = [0.0]

@@ -39,9 +39,9 @@ from soar.grading import make_grader
 from soar.models import export_policy, save_policy
 from soar.seeding import derive_seed
 from soar.students import trainer  # trainer.train_student looked up per call (benchmarks/outer_step.py times it)
-from soar.students.batched import BatchedStudents
 from soar.students.lockstep import LockstepStudents
 from soar.students.promotion import promotion_candidates
+from soar.students.stacked import StackedStudents
 from soar.students.trainer import StudentResult
 
 # ray is imported inside the worker and pool methods: a run without a pool (resources.num_workers=0)
@@ -394,7 +394,7 @@ def student_executor(cfg) -> str:
 
 def make_students(cfg, tokenizer, grader, template: str):
     """The run's student executor (``student_executor``): ``StudentPool``, the lockstep multi-LoRA students
-    (``soar.students.lockstep``), the stacked students (``soar.students.batched``) or in-process."""
+    (``soar.students.lockstep``), the stacked students (``soar.students.stacked``) or in-process."""
     kind = student_executor(cfg)
     log.info("students: %s", kind)
     if kind == "pool":
@@ -402,5 +402,5 @@ def make_students(cfg, tokenizer, grader, template: str):
     if kind == "lockstep":
         return LockstepStudents(cfg, tokenizer, grader, template)
     if kind == "batched":
-        return BatchedStudents(cfg, tokenizer, grader, template)
+        return StackedStudents(cfg, tokenizer, grader, template)
     return InProcessStudents(StudentRunner(cfg, tokenizer, grader, template))

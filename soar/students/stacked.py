@@ -10,7 +10,7 @@ clipping, AdamW update (``torch.optim.adamw.adamw`` on its slice, with its own s
 schedule, zero-advantage skips, Q_R score and metrics. What changes is the arithmetic's layout: one
 batched matrix product per layer for all students, each question's prompt run once for its samples (in
 sampling and in the training pass), the rollouts of all students decoded together with a KV cache. Results
-agree with the one-by-one path to float rounding (tests/test_batched_students.py states the tolerance).
+agree with the one-by-one path to float rounding (tests/test_stacked_students.py states the tolerance).
 
 Full fine-tuning of Llama-architecture students only (``student.lora.r=0``): the g·r copies live in this
 process, so it is for models small enough that g·r copies of weights, gradients and AdamW state fit
@@ -172,7 +172,7 @@ class StackedOptimizer:
             self.master.remove()
 
 
-class BatchedStudents:
+class StackedStudents:
     """``resources.batched``: ``run`` trains a step's student tasks as one stacked model."""
 
     tree_chunks = 2

@@ -1,4 +1,4 @@
-"""Stacked students (``resources.batched``: ``soar.students.batched`` on ``soar.stacked_llama``): the same
+"""Stacked students (``resources.batched``: ``soar.students.stacked`` on ``soar.stacked_llama``): the same
 math as ``transformers``' Llama, the same samples as the hf backend, and the same students as training
 them one by one.
 
@@ -77,7 +77,7 @@ def test_stacked_llama_is_transformers_llama():
     from soar.policy.rloo import pack_sequences, token_logprobs
     from soar.samples import sampling_uniforms
     from soar.stacked_llama import CompletionTree, StackedLlama
-    from soar.students.batched import pad_left, pad_right
+    from soar.students.stacked import pad_left, pad_right
 
     models = [tiny_llama(50, seed) for seed in (0, 1)]
     stack = StackedLlama(models[0], 2)
@@ -178,8 +178,8 @@ def test_stacked_students_are_the_students_trained_one_by_one(micro, overrides):
     rewards, skips and metrics, and weights and Q_R scores within the stated tolerance."""
     from omegaconf import OmegaConf
 
-    from soar.students.batched import BatchedStudents
     from soar.students.pool import StudentRunner, StudentTask, make_students
+    from soar.students.stacked import StackedStudents
 
     cfg, tok, base, grader, datasets, qr = micro
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides + ["student.max_steps=2", "student.lr=1e-3"]))
@@ -187,7 +187,7 @@ def test_stacked_students_are_the_students_trained_one_by_one(micro, overrides):
     runner = StudentRunner(OmegaConf.merge(cfg, {"resources": {"batched": False}}), tok, grader, ARITH_TEMPLATE)
     alone = [runner.run(base, task, qr) for task in tasks]  # soar.students.trainer.train_student, one by one
     executor = make_students(OmegaConf.merge(cfg, {"resources": {"batched": True}}), tok, grader, ARITH_TEMPLATE)
-    assert isinstance(executor, BatchedStudents)
+    assert isinstance(executor, StackedStudents)
     progress = Updates()
     together = executor.run(tasks, base, qr, progress)
     assert progress == [6]  # trained together, counted together: no bar frame shows one student for all six
@@ -255,7 +255,7 @@ def stacked_update(dtype, precision: str = "mixed", steps: int = 5, lr: float = 
     from soar.models import build_char_tokenizer, build_tiny_llama
     from soar.policy.rloo import weighted_rloo_loss
     from soar.stacked_llama import CompletionTree, StackedLlama
-    from soar.students.batched import StackedOptimizer, pad_left
+    from soar.students.stacked import StackedOptimizer, pad_left
 
     tok = build_char_tokenizer()
     model = build_tiny_llama(tok, hidden=64, layers=2, heads=4, max_positions=128, seed=0).to(torch.bfloat16).to(dtype)
