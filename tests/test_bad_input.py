@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import zipfile
 from dataclasses import dataclass
@@ -1183,11 +1184,11 @@ def test_a_wandb_run_is_one_run_dir_not_one_name(tmp_path):
 
 def test_no_process_allows_vllm_pickles_unless_it_starts_an_engine():
     """``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` was set at import, process-wide, even with backend=hf; it is
-    now set only while an engine starts and is pushed weights (``soar.vllm_backend.pickled_calls``)."""
-    import soar.cli  # noqa: F401  (imports soar.vllm_backend)
-    from soar.vllm_backend import INSECURE_SERIALIZATION, pickled_calls
-
-    assert INSECURE_SERIALIZATION not in os.environ
-    with pickled_calls():
-        assert os.environ[INSECURE_SERIALIZATION] == "1"
-    assert INSECURE_SERIALIZATION not in os.environ
+    now set only when a process starts its first engine (``soar.vllm_backend.allow_pickled_calls``). Checked
+    in a fresh process: this one may hold an engine from another test."""
+    code = ("import os, soar.cli; from soar.vllm_backend import INSECURE_SERIALIZATION as K, allow_pickled_calls; "
+            "before = K in os.environ; allow_pickled_calls(); print(before, os.environ[K])")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ALLOW_INSECURE_SERIALIZATION"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "1"]
