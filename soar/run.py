@@ -372,7 +372,9 @@ class RunDir:
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": package_versions()}
         config = OmegaConf.to_yaml(self.cfg, resolve=True)
         if not (self.path / "config.yaml").exists():
-            model = {"path": self.cfg.model.path, "identity": model_identity(self.cfg.model)}
+            # a command without a model (``soar-world problems``) leaves ``model.path`` unset: no model to record
+            model = (None if OmegaConf.is_missing(self.cfg.model, "path") else
+                     {"path": self.cfg.model.path, "identity": model_identity(self.cfg.model)})
             atomic_write_texts({self.path / "meta.json": json.dumps({**record, "model": model}, indent=2),
                                 self.path / "config.yaml": config})
         else:

@@ -571,8 +571,11 @@ def test_a_run_dir_of_other_files_is_refused(tiny_model_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # issue 58: no run.lock left either
 
 
-def mutated(value):
-    """Values unlike ``value`` that its field may hold, most likely first."""
+def mutated(value, node=None):
+    """Values unlike ``value`` that its field (``node``) may hold, most likely first."""
+    if isinstance(value, dict) and node is not None:  # a map of settings (team.roles): one entry of its type
+        element = node._metadata.element_type
+        return [{"x": element() if isinstance(element, type) else "x"}]
     if isinstance(value, bool):
         return [not value]
     if isinstance(value, int):
@@ -633,7 +636,7 @@ def test_resume_refuses_every_result_shaping_setting_and_allows_the_free_ones(tm
     for key, value in keys.items():
         if key in ("run.dir", "run.name", "model.path"):  # where the run is; the model by content (below)
             continue
-        cfg = copy_with(base, key, mutated(value), OmegaConfBaseException)
+        cfg = copy_with(base, key, mutated(value, OmegaConf.select(base, key)), OmegaConfBaseException)
         try:
             run = RunDir(cfg, "train")
         except ConfigError as exc:

@@ -174,7 +174,7 @@ def test_zero_promotions_fail_naming_the_run_unless_allowed(no_promotion_run, mi
         run_eval(compose(f"model.path={_model(micro_run)}",
                          f"eval.run_dir={no_promotion_run}", "eval.method=pq", f"run.dir={no_promotion_run.parent / 'e0'}",
                          *SMALL_EVAL))
-    with pytest.raises(RunDataError, match="1 promotions"):  # eligibility is a config field (paper: > 2)
+    with pytest.raises(RunDataError, match="1 promotion "):  # eligibility is a config field (paper: > 2)
         run_export(compose(f"export.run_dir={micro_run}", "pq.min_promotions=3", "export.models=false",
                            f"export.out={micro_run.parent / 'x'}"))
     manifest = run_export(compose(f"export.run_dir={no_promotion_run}", "pq.allow_ineligible=true",
@@ -353,4 +353,4 @@ def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(m
     res = run_cli([*cmd, "--against", str(no_promotion_run), "--out", str(tmp_path / "x.json")], check=False)
     assert res.returncode != 0 and f"after the promotion at step 2 in {micro_run} and {no_promotion_run}" in res.stderr
     res = run_cli([*cmd, "--promotion", "2", "--out", str(tmp_path / "x.json")], check=False)  # the run promoted once
-    assert res.returncode != 0 and f"--promotion 2: {micro_run / 'promotions.jsonl'} has 1 promotions" in res.stderr
+    assert res.returncode != 0 and f"--promotion 2: {micro_run / 'promotions.jsonl'} has 1 promotion" in res.stderr

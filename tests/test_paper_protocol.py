@@ -31,7 +31,7 @@ def test_paper_presets_make_two_promotions_eligible(preset, tmp_path):
     assert pq.min_promotions == 2 and not pq.allow_ineligible
     assert check_eligible(fake_run(tmp_path, 2), pq, "evaluate") is True
     assert len(fake_run(tmp_path, 2).pq) == 128
-    with pytest.raises(RunDataError, match="1 promotions"):
+    with pytest.raises(RunDataError, match="1 promotion "):
         check_eligible(fake_run(tmp_path, 1), pq, "evaluate")
 
 
