@@ -4,7 +4,8 @@ Layers, bottom to top. A module imports only from its own layer or below, never 
 teacher and student roles never import each other (``tests/test_imports.py`` walks every import against
 ``LAYERS``):
 
-    0 config      config (the schema), seeding, faults, signals, stats
+    0 config      config (the schema), its default prompt texts (soar.default_prompts), resolving what a value
+                  names (soar.resolve: a role's backend, a dotted function), seeding, faults, signals, stats
     1 foundations grading, the leak check (soar.leak), data, models, samples / generation / vllm_backend,
                   run dirs, state, diversity, prompt/stop token ids (soar.tokens), the GPU memory plan
                   (soar.memory_plan), stacked_llama, a team's pure parts (soar.team: credit, sandbox, formats,
@@ -41,7 +42,8 @@ the rest) when first called. These are the package's only imports inside functio
 __version__ = "0.1.0"
 
 LAYERS: dict[str, int] = {
-    "soar.config": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0, "soar.stats": 0,
+    "soar.config": 0, "soar.default_prompts": 0, "soar.resolve": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0,
+    "soar.stats": 0,
     "soar.grading": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
     "soar.vllm_backend": 1, "soar.run": 1, "soar.state": 1, "soar.diversity": 1, "soar.tokens": 1,
     "soar.memory_plan": 1, "soar.stacked_llama": 1, "soar.leak": 1,

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from soar.config import resolve_backend
 from soar.data import UNSAFE_CHARACTERS
 from soar.generation import make_generator
 from soar.leak import leaks
 from soar.models import load_model, load_tokenizer
+from soar.resolve import resolve_backend
 from soar.samples import SamplingParams
 from soar.seeding import derive_seed
 from soar.teachers.parse import Reject

@@ -4,9 +4,10 @@ Hydra composes these dataclasses with the YAML groups under ``conf/`` (``model``
 ``backend``, ``student``, ``filter``, ``teacher``, ``world``, ``experiment``) onto ``conf/config.yaml``
 (``conf/train.yaml`` for ``soar-train`` / ``soar-estimate``: the same with ``experiment=arith``). Each
 field's docstring is its documentation; paper defaults come from Table 3 (``shared/docs/soar-paper.md``
-§8). This is the bottom layer (``soar/__init__.py``): it imports no other module of the package.
-Composing is ``soar.hydra_config`` (which also registers each world's config class), checking a
-composed config against the stage that reads it is ``soar.validation``.
+§8). This is the bottom layer (``soar/__init__.py``): it imports only its default prompt texts
+(``soar.default_prompts``). Composing is ``soar.hydra_config`` (which also registers each world's config
+class), checking a composed config against the stage that reads it is ``soar.validation``, turning a value
+into what it names (a role's backend, a dotted function) is ``soar.resolve``.
 
     soar-rl model.path=out/world data=custom data.path=train.jsonl student.max_steps=20
     python -c "import soar; print(soar.compose(['student.lr=1e-4']).student.lr)"
@@ -14,8 +15,6 @@ composed config against the stage that reads it is ``soar.validation``.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -24,29 +23,7 @@ try:
 except ImportError:  # trainer and model modules import without Hydra/OmegaConf (e.g. a bare GPU image)
     MISSING = "???"
 
-PAPER_TEACHER_PROMPT = (
-    "You are generating a new math problem for a math assistant.\n"
-    "Allowed topics: Algebra, Counting and Probability, Geometry, Intermediate Algebra, Number Theory, "
-    "Prealgebra, or Precalculus.\n"
-    "Output rules (follow EXACTLY):\n"
-    "- Provide the final formatted problem in this structure: <question>[full math question]<question>"
-    "<answer>\\boxed{[answer]}</answer>\n"
-    "- Any explanations, steps, or reasoning about the problem goes OUTSIDE the <question> and <answer> tags.\n"
-    "Constraints:\n"
-    "- The problem must be original, challenging, and require at least 2--3 steps of reasoning.\n"
-    "- Output exactly ONE problem. You MUST follow the specified format EXACTLY.\n"
-    "Begin now:\n"
-)
-"""The paper's teacher prompt (§2), verbatim, including its ``<question>`` closing-tag typo in the
-instructions (``soar.teachers.parse`` accepts both closers)."""
-
-PAPER_STUDENT_TEMPLATE = (
-    "A conversation between User and Assistant. The user asks a question, and the Assistant solves "
-    "it. The assistant first shows the complete reasoning process step by step, then provides the "
-    "final answer in \\boxed{}. The assistant must always follow the format: 'User: [question] "
-    "Assistant: [detailed reasoning] The final answer is: \\boxed{[answer]}.\n\n"
-    'User: {question} Assistant: "'
-)
+from soar.default_prompts import COACH_PROMPT, PAPER_STUDENT_TEMPLATE, PAPER_TEACHER_PROMPT
 
 
 @dataclass
@@ -147,17 +124,6 @@ class DataConfig:
 
 
 BACKEND_ROLES = ("filter", "teacher", "student", "eval", "coach")
-
-
-def resolve_backend(backend_cfg, role: str) -> str:
-    """The backend of ``role`` (``filter``, ``teacher``, ``student``, ``eval``): its own setting or
-    ``backend.name``; ``auto`` is ``vllm`` when vLLM is importable, else ``hf``."""
-    name = getattr(backend_cfg, role, None) or backend_cfg.name
-    if name == "auto":
-        name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    if name not in ("hf", "vllm"):
-        raise ValueError(f"backend.{role}: unknown backend {name!r} (hf | vllm | auto)")
-    return name
 
 
 @dataclass
@@ -492,21 +458,6 @@ class RLConfig:
     subset_size: Optional[int] = None
     """Train on a random subset of this many of ``rl.band``'s problems (drawn from the run seed), e.g. the
     size of the mixed band: the control for "selecting the mixed band helps" (docs/band_rl.md). None: all."""
-
-
-COACH_PROMPT = (
-    "You are a coach for a student who solves math problems. Read the problem, the student's answer and its "
-    "grade. Write one short piece of advice that would help the student solve problems like this one: a "
-    "method, a check or a pitfall, not this problem's answer.\n"
-    "Problem: {question}\n"
-    "Student's answer: {response}\n"
-    "Grade: {grade}\n"
-    "Write the advice between <advice> and </advice>.\n"
-)
-"""The coach prompt (``distill.coach_prompt``): slots ``{question}``, ``{response}`` (the policy's
-completion; empty under ``distill.objective=sft``, where the coach advises before any attempt) and
-``{grade}`` (``correct`` / ``incorrect`` / ``not attempted``). No ``{reference}``: the default coach never
-sees the gold answer (``distill.coach_sees_reference``)."""
 
 
 @dataclass
@@ -948,15 +899,3 @@ class SoarConfig:
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the offending field."""
-
-
-def load_callable(dotted: str, field_name: str):
-    """``pkg.module:function`` (or ``pkg.module.function``) -> the function; errors name the field."""
-    mod_name, _, attr = dotted.partition(":") if ":" in dotted else dotted.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"config error: {field_name}: cannot load {dotted!r} ({e})") from e
-    if not callable(fn):
-        raise ConfigError(f"config error: {field_name}: {dotted!r} is not callable")
-    return fn

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from soar.config import resolve_backend  # noqa: F401  (re-exported: the backend of a role)
 from soar.data import render_prompt
 from soar.memory_plan import planned_engine_bytes, process_training_bytes
+from soar.resolve import resolve_backend  # noqa: F401  (re-exported: the backend of a role)
 from soar.samples import Generator, Sample, SamplingParams, draw_tokens, sampling_uniforms
 from soar.tokens import encode_prompts, stop_token_ids
 from soar.vllm_backend import VLLMGenerator, engine_for, generate_together  # vllm itself is imported on first use

@@ -61,7 +61,8 @@ from pathlib import Path
 
 import torch
 
-from soar.config import INFERENCE_METHODS, LOGITS_CHUNK_ELEMENTS, ConfigError, resolve_backend
+from soar.config import INFERENCE_METHODS, LOGITS_CHUNK_ELEMENTS, ConfigError
+from soar.resolve import resolve_backend
 
 GIB = 2**30
 PROMPT_TOKENS = 512

@@ -37,8 +37,8 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from soar.config import PAPER_STUDENT_TEMPLATE
 from soar.data import render_prompt
+from soar.default_prompts import PAPER_STUDENT_TEMPLATE
 from soar.models import load_tokenizer
 from soar.teachers.prompts import PAPER_TEACHER_PROMPT, format_pair
 from soar.tokens import encode_prompt

@@ -22,10 +22,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
-from soar.config import BACKEND_ROLES, BANDS, KV_CACHE_ENV, PRECISIONS, ConfigError, load_callable
+from soar.config import BACKEND_ROLES, BANDS, KV_CACHE_ENV, PRECISIONS, ConfigError
 from soar.grading import GRADERS, STUDENT_REWARDS
 from soar.hydra_config import conf_dir
 from soar.policy.scores import REWARD_METRICS
+from soar.resolve import load_callable
 from soar.rewards import TEACHER_REWARDS, student_tasks_per_step
 
 log = logging.getLogger("soar.validation")

@@ -161,7 +161,7 @@ def test_custom_datasetdict_folder_reads_the_configured_split(tmp_path):
 @pytest.mark.parametrize("preset,data_name,pool,mixing", [("paper_math", "math", 5000, "curriculum"),
                                                           ("paper_harp", "harp", 4780, "mixed")])
 def test_paper_presets_pin_table_3(preset, data_name, pool, mixing):
-    from soar.config import PAPER_STUDENT_TEMPLATE
+    from soar.default_prompts import PAPER_STUDENT_TEMPLATE
     from soar.teachers.prompts import PAPER_TEACHER_PROMPT
 
     cfg = soar.compose([f"experiment={preset}", "data.limit=4"])

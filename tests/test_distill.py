@@ -15,8 +15,9 @@ from omegaconf import OmegaConf
 import soar
 import soar.hydra_config
 from soar.coach import Advice, Advisor, WorldCoach, parse_advice
-from soar.config import COACH_PROMPT, DistillConfig, StudentConfig
+from soar.config import DistillConfig, StudentConfig
 from soar.data import Problem, write_jsonl
+from soar.default_prompts import COACH_PROMPT, PAPER_STUDENT_TEMPLATE
 from soar.generation import HFGenerator
 from soar.grading import make_grader
 from soar.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
@@ -367,7 +368,7 @@ def test_llm_coach_on_the_rehearsal_model(rehearsal_model_dir, tmp_path):
     model, hf backend) asked inside the paper's student prompt, the one format the rehearsal model
     continues after arbitrary text ("The final answer is: \\boxed{..}."), taken whole as the advice
     (``advice_tag`` null); the tag rules are ``test_parse_advice_rules``'."""
-    coach_prompt = soar.config.PAPER_STUDENT_TEMPLATE.replace(
+    coach_prompt = PAPER_STUDENT_TEMPLATE.replace(
         "{question}", "Problem: {question} Attempt: {response} ({grade})")
     run_dir = tmp_path / "llm"
     questions = tmp_path / "q.jsonl"

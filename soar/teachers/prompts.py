@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from soar.config import PAPER_TEACHER_PROMPT  # the config default; re-exported here
+from soar.default_prompts import PAPER_TEACHER_PROMPT  # the config default; re-exported here
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-from soar.config import resolve_backend
 from soar.memory_plan import (
     DTYPE_BYTES,
     PROMPT_TOKENS,
@@ -33,6 +32,7 @@ from soar.memory_plan import (
     policy_terms,
     update_terms,
 )
+from soar.resolve import resolve_backend
 from soar.team.credit import CREDITS
 from soar.team.rollout import chain_info
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from soar.coach import fill_slots
-from soar.config import resolve_backend
 from soar.data import Problem
 from soar.generation import make_generator
 from soar.leak import leaks
 from soar.models import check_context, load_model, load_tokenizer, model_context
+from soar.resolve import resolve_backend
 from soar.samples import SamplingParams
 from soar.seeding import derive_seed
 from soar.team.episode import ChainInfo, Episode, Turn

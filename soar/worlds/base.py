@@ -27,8 +27,9 @@ from typing import Any, Callable, ClassVar
 
 from omegaconf import OmegaConf
 
-from soar.config import ConfigError, load_callable
+from soar.config import ConfigError
 from soar.data import Problem
+from soar.resolve import load_callable
 
 WORLD_HOOK = "world"
 """The value of a config hook (``model.build``, ``data.build``, ``loop.answer_oracle``) that hands
