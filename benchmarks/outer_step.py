@@ -96,8 +96,8 @@ def instrument(timers: StepTimers) -> None:
     import torch
 
     import soar.loop
+    import soar.metrics_log
     import soar.policy.trainer
-    import soar.run
     import soar.state
     import soar.students.trainer
     import soar.vllm_backend  # imports vllm only when an engine starts
@@ -139,7 +139,7 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(soar.loop.Loop, "promote", phase="promotion")
     timers.wrap(TeacherPolicy, "update", phase="teacher_update")
     timers.wrap(soar.loop, "write_step_dump", phase="checkpoint_dumps")
-    timers.wrap(soar.run.MetricsLogger, "log", phase="checkpoint_dumps")
+    timers.wrap(soar.metrics_log.MetricsLogger, "log", phase="checkpoint_dumps")
     timers.wrap(soar.state.Checkpoints, "after_step", phase="checkpoint_dumps", closes_step=True)
 
 
@@ -175,7 +175,7 @@ def mean_step(steps: list[dict]) -> dict:
 def measure(overrides: list[str], run_dir: str) -> dict:
     """One ``soar.train`` run of ``overrides`` in ``run_dir``, timed."""
     import soar
-    from soar.run import read_metrics
+    from soar.metrics_log import read_metrics
 
     cfg = soar.compose(overrides)
     timers = StepTimers()

@@ -7,9 +7,9 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
     0 config      config (the schema), its default prompt texts (soar.default_prompts), resolving what a value
                   names (soar.resolve: a role's backend, a dotted function), seeding, faults, signals, stats
     1 foundations grading, the leak check (soar.leak), data, models, samples / generation / vllm_backend,
-                  run dirs, state, diversity, prompt/stop token ids (soar.tokens), the GPU memory plan
-                  (soar.memory_plan), stacked_llama, a team's pure parts (soar.team: credit, sandbox, formats,
-                  episode, metrics)
+                  run dirs, the metrics log (soar.metrics_log), the console (soar.console), state, diversity,
+                  prompt/stop token ids (soar.tokens), the GPU memory plan (soar.memory_plan), stacked_llama,
+                  a team's pure parts (soar.team: credit, sandbox, formats, episode, metrics)
     2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, scores)
     3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, stacked,
                   promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
@@ -45,7 +45,8 @@ LAYERS: dict[str, int] = {
     "soar.config": 0, "soar.default_prompts": 0, "soar.resolve": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0,
     "soar.stats": 0,
     "soar.grading": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
-    "soar.vllm_backend": 1, "soar.run": 1, "soar.state": 1, "soar.diversity": 1, "soar.tokens": 1,
+    "soar.vllm_backend": 1, "soar.run": 1, "soar.metrics_log": 1, "soar.console": 1, "soar.state": 1, "soar.diversity": 1,
+    "soar.tokens": 1,
     "soar.memory_plan": 1, "soar.stacked_llama": 1, "soar.leak": 1,
     "soar.team": 1, "soar.team.credit": 1, "soar.team.sandbox": 1, "soar.team.formats": 1, "soar.team.episode": 1,
     "soar.team.metrics": 1,

@@ -38,6 +38,7 @@ from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
 from soar.config import ConfigError
+from soar.console import console_above_bars
 from soar.data import DataError
 from soar.estimate import run_estimate, run_layout, run_plan
 from soar.evaluate import run_eval
@@ -48,7 +49,7 @@ from soar.loop import LoopError, run_train
 from soar.memory_plan import PROMPT_TOKENS, STAGES
 from soar.report import main as report
 from soar.rl import run_rl
-from soar.run import RunDirError, console_above_bars, disk_full, latest_checkpoint
+from soar.run import RunDirError, disk_full, latest_checkpoint
 from soar.rundata import RunDataError
 from soar.signals import EXIT_INTERRUPTED, EXIT_STOPPED, StoppedDuringSetup
 from soar.team.train import run_team
@@ -74,7 +75,7 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
     disk) prints one line, ``soar: ...``, and exits 2; a traceback is printed only for bugs, or for
     every error with ``--verbose`` or ``HYDRA_FULL_ERROR=1``. ``--verbose`` also shows soar's DEBUG
     logs (as Hydra's ``hydra.verbose=soar`` does): every metric of each ``soar-train`` step, not one line.
-    Log lines print above the progress bars on a terminal (``soar.run.console_above_bars``)."""
+    Log lines print above the progress bars on a terminal (``soar.console.console_above_bars``)."""
     register_configs()
     # conf/hydra/launcher/submitit_slurm.yaml lists every field of the plugin's schema of that name
     warnings.filterwarnings("ignore", message="(?s).*is validated against ConfigStore schema", category=UserWarning)

@@ -32,10 +32,10 @@ from soar.diversity import bootstrap_vendi, load_embedder
 from soar.export import load_questions, load_teacher
 from soar.generation import correctness, make_generator
 from soar.grading import make_grader
+from soar.metrics_log import MetricsLogger
 from soar.models import load_model
 from soar.policy.trainer import RLOOTrainer
 from soar.prepare import given_hard_set, has_hard_split, read_hard_split
-from soar.run import MetricsLogger
 from soar.rundata import RunDataError, check_eligible, read_json, read_run
 from soar.seeding import derive_seed
 from soar.stage import setup_stage

@@ -31,16 +31,17 @@ from contextlib import contextmanager
 import numpy as np
 from omegaconf import OmegaConf
 
+from soar.console import outer_step_line, progress_bar, train_summary_text
 from soar.diversity import DiversityMeter
 from soar.faults import maybe_die
 from soar.generation import make_generator
 from soar.grading import make_grader
+from soar.metrics_log import MetricsLogger
 from soar.models import load_model, model_context
 from soar.policy.scores import problem_scores
 from soar.policy.trainer import SyncError
 from soar.prepare import read_train_inputs, setup_train
 from soar.rewards import as_problems, make_teacher_reward, merge_group_metrics, student_tasks_per_step
-from soar.run import MetricsLogger, outer_step_line, progress_bar, train_summary_text
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage

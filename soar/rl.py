@@ -29,12 +29,14 @@ import numpy as np
 import torch
 
 from soar.coach import Advisor, make_coach
+from soar.console import progress_bar
 from soar.data import DataError, load_problems, render_prompt
 from soar.filters.failk import load_band
 from soar.grading import make_grader
+from soar.metrics_log import MetricsLogger
 from soar.models import load_model
 from soar.policy.trainer import RLOOTrainer
-from soar.run import MetricsLogger, load_checkpoint_state, progress_bar
+from soar.run import load_checkpoint_state
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.students.trainer import batch_indices

@@ -1,5 +1,6 @@
 """Run directories: fixed location, lock, resolved config + provenance, resume policy, atomic
-checkpoints and ``metrics.jsonl`` (plus console, and optional wandb/tensorboard).
+checkpoints. What a run writes as it goes, ``metrics.jsonl`` and its other sinks, is
+``soar.metrics_log``; what the console shows, ``soar.console``.
 
 Layout of ``runs/<name>/``::
 
@@ -32,7 +33,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import math
 import os
 import platform
 import re
@@ -47,8 +47,6 @@ from typing import IO, Any
 
 import torch
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from soar.config import ConfigError, SoarConfig
 
@@ -551,142 +549,5 @@ def model_identity(model_cfg) -> str:
     return f"sha256:{digest.hexdigest()[:16]}"
 
 
-def outer_step_line(step: int, metrics: dict[str, Any], cfg) -> str:
-    """An outer step of ``soar-train`` as one console line: the dataset rewards (mean and best over
-    the step's datasets, in ``inner.reward_metric``'s units), the teacher's valid fraction and, where
-    the world has an answer oracle, the share of its answers that are right, the moving average
-    against tau, promotions so far and the step's wall time, e.g.
-
-        step 2/3 | reward mean +0.0625 best +0.1250 | teacher valid 0.75, answers right 0.25 |
-        moving avg -0.0781 vs tau -1 | promotions 1 | 107.5 s
-    """
-    teacher = f"teacher valid {metrics['teacher/valid_frac']:.2f}"
-    if "teacher/answer_correct_frac" in metrics:
-        teacher += f", answers right {metrics['teacher/answer_correct_frac']:.2f}"
-    average = metrics["promotion/moving_average"]  # None while the window fills (and after a reset)
-    promotion = (f"moving avg {'-' if average is None else format(average, '+.4f')} vs tau {cfg.promotion.tau:g}"
-                 if cfg.promotion.enabled else "promotion off")
-    return " | ".join([
-        f"step {step}/{cfg.loop.steps}",
-        f"reward mean {metrics['teacher/reward_mean']:+.4f} best {metrics['teacher/reward_max']:+.4f}",
-        teacher, promotion, f"promotions {metrics['promotion/count']}", f"{metrics['time/step_wall_s']:.1f} s"])
-
-
-def plural(n: int, noun: str) -> str:
-    """``1 promotion``, ``2 promotions``."""
-    return f"{n} {noun if n == 1 else noun + 's'}"
-
-
-def train_summary_text(summary: dict[str, Any]) -> str:
-    """The end of a ``soar-train`` run as a few lines naming what it wrote, e.g.
-
-        soar-train: 3 outer steps, 1 promotion, 8 Promotion Questions in /runs/x/pq.jsonl
-          promotion 1 at step 2: /runs/x/promoted/promotion_01 (greedy accuracy on hard train 0.250, hard test 0.125)
-          metrics: /runs/x/metrics.jsonl; summary: /runs/x/summary.json
-    """
-    run = Path(summary["run_dir"])
-    lines = [f"soar-train: {plural(summary['steps'], 'outer step')}, {plural(len(summary['promotions']), 'promotion')}, "
-             f"{plural(summary['pq_size'], 'Promotion Question')} in {run / 'pq.jsonl'}"]
-    for p in summary["promotions"]:
-        lines.append(f"  promotion {p['promotion']} at step {p['step']}: {run / p['path']} (greedy accuracy on hard train "
-                     f"{p['hard_train_acc']:.3f}, hard test {p['hard_test_acc']:.3f})")
-    lines.append(f"  metrics: {run / 'metrics.jsonl'}; summary: {run / 'summary.json'}")
-    return "\n".join(lines)
-
-
-def progress_bar(enabled: bool = True, **kwargs) -> tqdm:
-    """A tqdm bar (``kwargs``: tqdm's) shown only where it can redraw itself: with ``enabled``
-    (``run.progress``) and stderr a terminal. Redirected to a file or a pipe it shows nothing (tqdm's
-    ``disable=None``), so a log holds the step lines alone, one a line, and no bar frames."""
-    return tqdm(disable=None if enabled else True, **kwargs)
-
-
-def console_above_bars():
-    """Route console log records through ``tqdm.write`` (``tqdm.contrib.logging.logging_redirect_tqdm``):
-    on a terminal a log line clears the bars, prints on a line of its own and redraws them below it,
-    instead of being glued to a bar's last frame."""
-    return logging_redirect_tqdm(tqdm_class=tqdm)
-
-
-class MetricsLogger:
-    """``metrics.jsonl`` always; console, wandb and tensorboard by ``run.loggers``. On the console a
-    step is ``console_line(step, metrics)`` where one is given (the outer loop's ``outer_step_line``),
-    with every metric at DEBUG level (``--verbose`` shows them); without one, every metric at INFO."""
-
-    def __init__(self, run: RunDir, resume_step: int | None = None, console_line=None):
-        self.path = run.path / "metrics.jsonl"
-        self.console_line = console_line
-        self.sinks = list(dict.fromkeys(["jsonl", *run.cfg.run.loggers]))
-        self._truncate(resume_step)
-        self._fh = open(self.path, "a")
-        self._wandb = self._tb = None
-        if "wandb" in self.sinks:
-            import wandb
-
-            self._wandb = wandb.init(project="soar", name=run.cfg.run.name, dir=str(run.path),
-                                     resume="allow", id=wandb_run_id(run.path, run.cfg.run.name))
-        if "tensorboard" in self.sinks:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run.path / "tensorboard"))
-
-    def _truncate(self, resume_step: int | None) -> None:
-        """Drop rows written after the checkpoint we resume from (they will be recomputed)."""
-        if not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-            if resume_step is not None and row.get("step", 0) <= resume_step:
-                kept.append(line)
-        atomic_write_text(self.path, "".join(k + "\n" for k in kept))
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, float) and not math.isfinite(value) and not key.startswith("eval/"):
-                log.warning("non-finite metric %s=%s at step %d", key, value, step)
-        row = {"step": step, **metrics}
-        self._fh.write(json.dumps(row, default=float) + "\n")
-        self._fh.flush()
-        if "console" in self.sinks:
-            level = logging.INFO if self.console_line is None else logging.DEBUG
-            if log.isEnabledFor(level):
-                shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                 for k, v in metrics.items() if not k.startswith("time/"))
-                log.log(level, "step %d %s", step, shown)
-            if self.console_line is not None:
-                log.info("%s", self.console_line(step, metrics))
-        if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        self._fh.close()
-        if self._wandb is not None:
-            self._wandb.finish()
-        if self._tb is not None:
-            self._tb.close()
-
-
-def wandb_run_id(run_path: Path, name: str) -> str:
-    """The W&B id of the run in ``run_path``: its name and a digest of its folder and its ``meta.json``
-    (written once, when the run began), so a resume continues the run's own W&B run (``resume="allow"``)
-    and another run of the same name (another folder, even begun in the same second with the same
-    settings, or this one deleted and begun again) gets its own."""
-    where = str(Path(run_path).resolve()).encode() + b"\0"
-    digest = hashlib.sha256(where + (Path(run_path) / "meta.json").read_bytes()).hexdigest()[:12]
-    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', str(name))[:48]}-{digest}"
-
-
 def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -20,8 +20,9 @@ from typing import IO, Any
 from omegaconf import OmegaConf
 
 from soar.config import SoarConfig
+from soar.console import plural
 from soar.hydra_config import register_configs
-from soar.run import CheckpointError, finished_checkpoints, load_checkpoint_state, plural
+from soar.run import CheckpointError, finished_checkpoints, load_checkpoint_state
 
 
 class RunDataError(ValueError):

@@ -26,7 +26,7 @@ from typing import Callable
 
 import pytest
 
-from soar.run import read_metrics
+from soar.metrics_log import read_metrics
 
 from conftest import arith_data, default_signals, script
 
@@ -1173,7 +1173,8 @@ def test_a_wandb_run_is_one_run_dir_not_one_name(tmp_path):
     """W&B ``id=run.name`` with ``resume="allow"`` merged two runs that shared a name; the id now comes
     from the run's meta.json (written once): the same on resume, another for another run of that name."""
     import soar
-    from soar.run import RunDir, wandb_run_id
+    from soar.metrics_log import wandb_run_id
+    from soar.run import RunDir
 
     ids = []
     for folder in ("a", "b", "a"):

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 import soar
+from soar.console import console_above_bars, plural, progress_bar, train_summary_text
 from soar.loop import outer_loop_bar
 from soar.report import moving_average_segments
-from soar.run import console_above_bars, plural, progress_bar, train_summary_text
 
 
 class Terminal(io.StringIO):

@@ -20,10 +20,10 @@ from soar.data import Problem, write_jsonl
 from soar.default_prompts import COACH_PROMPT, PAPER_STUDENT_TEMPLATE
 from soar.generation import HFGenerator
 from soar.grading import make_grader
+from soar.metrics_log import read_metrics
 from soar.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
 from soar.policy.rloo import distill_token_weights, pack_sequences, token_logprobs, weighted_rloo_loss
 from soar.policy.trainer import RLOOTrainer
-from soar.run import read_metrics
 from soar.samples import Sample
 from soar.teachers.parse import Reject
 from soar.tokens import encode_prompts

@@ -113,7 +113,7 @@ def test_a_redirected_log_holds_one_line_per_step_no_bar_frames_and_names_the_ou
 def test_the_step_line_without_an_oracle_or_promotion():
     """A world without an answer oracle has no answer correctness; with promotion off there is no tau."""
     import soar
-    from soar.run import outer_step_line
+    from soar.console import outer_step_line
 
     cfg = soar.compose(["experiment=arith_micro", "loop.answer_oracle=null", "promotion.enabled=false"])
     metrics = {"teacher/valid_frac": 0.5, "teacher/reward_mean": 0.01, "teacher/reward_max": 0.03,
@@ -128,7 +128,7 @@ def test_verbose_shows_every_metric_of_a_step(tmp_path, caplog):
     import logging
     from types import SimpleNamespace
 
-    from soar.run import MetricsLogger
+    from soar.metrics_log import MetricsLogger
 
     run = SimpleNamespace(path=tmp_path, cfg=SimpleNamespace(run=SimpleNamespace(loggers=["console"], name="x")))
     metrics = {"teacher/pg_loss": 0.5, "time/step_wall_s": 1.0}

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from soar.run import read_metrics
+from soar.metrics_log import read_metrics
 
 from conftest import arith_data, kill_at_checkpoint, run_cli, script
 

@@ -18,7 +18,7 @@ import pytest
 
 import soar
 from soar.config import ConfigError
-from soar.run import read_metrics
+from soar.metrics_log import read_metrics
 
 from conftest import REPO, kill_at_checkpoint, run_cli
 

@@ -93,11 +93,11 @@ def main() -> None:
 
     from omegaconf import OmegaConf
 
+    from soar.console import plural
     from soar.data import Problem
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer
     from soar.policy.scores import problem_scores
-    from soar.run import plural
     from soar.seeding import derive_seed
     from soar.students.trainer import train_student
     from soar.worlds.base import answer_oracle_hook
@@ -106,7 +106,8 @@ def main() -> None:
     cfg = OmegaConf.load(run / "config.yaml")
     promotions = (run / "promotions.jsonl").read_text().splitlines()
     if not 1 <= args.promotion <= len(promotions):
-        raise SystemExit(f"--promotion {args.promotion}: {run / 'promotions.jsonl'} has {plural(len(promotions), 'promotion')}")
+        raise SystemExit(f"--promotion {args.promotion}: {run / 'promotions.jsonl'} has "
+                         f"{plural(len(promotions), 'promotion')}")
     promotion = json.loads(promotions[args.promotion - 1])
     oracle = answer_oracle_hook(cfg)  # "world" (newer runs) or a dotted path
     mcfg = OmegaConf.merge(cfg.model, {"path": str(run / promotion["path"])})

@@ -24,6 +24,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from soar.config import BANDS, ConfigError
+from soar.console import progress_bar
 from soar.data import (
     DataError,
     Problem,
@@ -39,7 +40,6 @@ from soar.generation import SamplingParams, make_generator
 from soar.grading import make_grader
 from soar.hydra_config import data_group
 from soar.models import check_context, model_context, model_fingerprint
-from soar.run import progress_bar
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.worlds.base import build_pool_hook

@@ -31,11 +31,12 @@ from soar.data import load_problems, problems_hash
 from soar.generation import HFGenerator, make_generator
 from soar.grading import make_grader
 from soar.hydra_config import data_group
+from soar.metrics_log import MetricsLogger
 from soar.models import load_model
 from soar.policy.rloo import completion_values, pack_sequences, token_logprobs
 from soar.policy.trainer import RLOOTrainer
 from soar.resolve import resolve_backend
-from soar.run import MetricsLogger, atomic_write_text, load_checkpoint_state
+from soar.run import atomic_write_text, load_checkpoint_state
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
 from soar.students.trainer import batch_indices, sharing_copy

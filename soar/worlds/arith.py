@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 from soar.config import ConfigError
+from soar.console import progress_bar
 from soar.data import Problem, render_prompt, write_jsonl
 from soar.generation import HFGenerator, correctness
 from soar.grading import make_grader
 from soar.models import build_char_tokenizer, build_tiny_llama, set_threads
-from soar.run import RunDir, foreign_folder, progress_bar
+from soar.run import RunDir, foreign_folder
 from soar.seeding import derive_seed
 from soar.teachers.prompts import format_pair
 from soar.worlds.base import World, register_world
