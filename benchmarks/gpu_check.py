@@ -392,7 +392,8 @@ def layout_config(args):
 def planned_roles(args) -> dict:
     """The memory plan's driver and student worker of the chosen layout at this run's sizes: held terms and
     each update phase (GiB, torch's allocation, no slack)."""
-    from soar.memory_plan import GIB, model_shape, plan
+    from soar.machine import GIB
+    from soar.memory_plan import model_shape, plan
 
     memory = plan(layout_config(args), shape=model_shape(llama_config(args)), prompt_tokens=args.prompt_len,
                   capacity_gib=gpu_gib(args.device) or 79.0)
@@ -555,7 +556,7 @@ def main() -> None:
     if args.dry:
         for key, value in DRY.items():
             setattr(args, key, value)
-    from soar.memory_plan import use_expandable_segments
+    from soar.machine import use_expandable_segments
 
     use_expandable_segments()  # as the stages run (the plan's slack assumes it); before the first CUDA allocation
 

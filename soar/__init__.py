@@ -8,7 +8,8 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
                   names (soar.resolve: a role's backend, a dotted function), seeding, faults, signals, stats
     1 foundations grading, the leak check (soar.leak), data, models, samples / generation / vllm_backend,
                   run dirs, the metrics log (soar.metrics_log), the console (soar.console), state, diversity,
-                  prompt/stop token ids (soar.tokens), the GPU memory plan (soar.memory_plan), stacked_llama,
+                  prompt/stop token ids (soar.tokens), the machine (soar.machine: RAM, GPUs, the allocator setting),
+                  the GPU memory plan (soar.memory_plan), stacked_llama,
                   a team's pure parts (soar.team: credit, sandbox, formats, episode, metrics)
     2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, scores)
     3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, stacked,
@@ -47,7 +48,7 @@ LAYERS: dict[str, int] = {
     "soar.grading": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
     "soar.vllm_backend": 1, "soar.run": 1, "soar.metrics_log": 1, "soar.console": 1, "soar.state": 1, "soar.diversity": 1,
     "soar.tokens": 1,
-    "soar.memory_plan": 1, "soar.stacked_llama": 1, "soar.leak": 1,
+    "soar.machine": 1, "soar.memory_plan": 1, "soar.stacked_llama": 1, "soar.leak": 1,
     "soar.team": 1, "soar.team.credit": 1, "soar.team.sandbox": 1, "soar.team.formats": 1, "soar.team.episode": 1,
     "soar.team.metrics": 1,
     "soar.policy": 2, "soar.policy.rloo": 2, "soar.policy.scores": 2, "soar.policy.trainer": 2,

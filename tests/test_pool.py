@@ -161,10 +161,10 @@ def test_pool_size_is_capped_by_cores_naming_the_field(overrides, message, tiny_
 
 def test_pool_size_is_capped_by_ram(tiny_model_dir, monkeypatch):
     import soar
-    from soar import memory_plan
+    from soar import machine
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    monkeypatch.setattr(memory_plan, "available_ram_gb", lambda: 4.0)
+    monkeypatch.setattr(machine, "available_ram_gb", lambda: 4.0)
     with pytest.raises(soar.ConfigError, match=r"resources.num_workers: 8 workers .* > 4.0 GB available; at most 3"):
         soar.validate(soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}",
                                     "resources.num_workers=8"]), "train")
@@ -205,10 +205,10 @@ def test_soar_train_on_the_pool_equals_in_process(tiny_model_dir, tmp_path):
 def sized(tiny_model_dir, monkeypatch, *overrides):
     """arith_micro (g = 2 datasets x r = 2: 4 students a step) on a 64-core machine with ample RAM."""
     import soar
-    from soar import memory_plan
+    from soar import machine
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    monkeypatch.setattr(memory_plan, "available_ram_gb", lambda: 256.0)
+    monkeypatch.setattr(machine, "available_ram_gb", lambda: 256.0)
     return soar.compose(["experiment=arith_micro", f"model.path={tiny_model_dir}", *overrides])
 
 

@@ -51,7 +51,7 @@ log = logging.getLogger("soar.pool")
 
 FORWARDED_ENV = ("SOAR_FAULT", "SOAR_FAULT_ONCE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SOAR_SET_ALLOC_CONF")
 """What the workers inherit from the driver: fault injection (``soar.faults``) and the CUDA allocator's
-settings (``soar.memory_plan.use_expandable_segments``; a cluster's workers start from ``ray start``'s
+settings (``soar.machine.use_expandable_segments``; a cluster's workers start from ``ray start``'s
 environment, not the driver's)."""
 
 

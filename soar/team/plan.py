@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from soar.machine import gpu_capacity_gib
 from soar.memory_plan import (
     DTYPE_BYTES,
     PROMPT_TOKENS,
@@ -26,7 +27,6 @@ from soar.memory_plan import (
     adapter_bytes,
     engine_plan,
     generation_bytes,
-    gpu_capacity_gib,
     model_shape,
     place,
     policy_terms,
