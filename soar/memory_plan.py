@@ -1,6 +1,6 @@
 """The memory plan: what every GPU of a stage holds at its peak, from the config and the model's shape
 alone (``AutoConfig`` and a model built on the ``meta`` device: no weights, no GPU), checked before any
-heavy work.
+heavy work; and the host RAM a worker of a local CPU student pool holds (``worker_ram_gb``).
 
     soar-estimate --plan experiment=paper_math model.path=DIR               # soar-train's GPUs
     soar-estimate --plan --stage rl experiment=band_rl model.path=DIR       # soar-rl's (also eval, filter)
@@ -83,6 +83,10 @@ VLLM_OVERHEAD_GIB = 2.0
 context): assumed, not measured on a GPU (the GPU machine this project borrows has no vllm)."""
 VLLM_MARGIN_GIB = 2.0
 """Memory left free on a GPU when engines size themselves (``gpu_memory_utilization`` null)."""
+WORKER_RAM_GB = 0.9
+"""Measured resident memory of one idle torch student worker (imports, tokenizer, grader)."""
+RAY_RAM_GB = 0.64
+"""Measured resident memory of a local Ray instance (GCS, raylet, object store bookkeeping)."""
 STAGES = ("train", "rl", "eval", "filter")
 """The stages that load models on a GPU, each with its plan."""
 
@@ -654,6 +658,17 @@ def plan_report(memory: MemoryPlan) -> str:
             out += [f"         {t.gib:7.2f}  {t.what}" for t in terms]
     out += [f"engine {e.gib:7.2f}  {e.describe()}" for e in memory.engines]
     return "\n".join(out)
+
+
+def worker_ram_gb(model_path: str | None) -> float:
+    """Host RAM (GiB) one worker of a local CPU student pool holds: ``WORKER_RAM_GB`` and 5 copies of the
+    model's weight files (baseline, student, reference, Adam moments); a hub id's weights count 0.
+    ``soar.validation`` checks the pool against the RAM available (``soar.machine.available_ram_gb``)."""
+    weights_gb = 0.0
+    if model_path and Path(model_path).expanduser().is_dir():
+        weights_gb = sum(f.stat().st_size for f in Path(model_path).expanduser().iterdir()
+                         if f.suffix in (".safetensors", ".bin")) / 2**30
+    return WORKER_RAM_GB + 5 * weights_gb
 
 
 _STAGE = {"name": "train"}

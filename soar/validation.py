@@ -25,17 +25,12 @@ from soar import machine  # machine.available_ram_gb looked up per call (tests p
 from soar.config import BACKEND_ROLES, BANDS, KV_CACHE_ENV, PRECISIONS, ConfigError
 from soar.grading import GRADERS, STUDENT_REWARDS
 from soar.hydra_config import conf_dir
+from soar.memory_plan import RAY_RAM_GB, worker_ram_gb
 from soar.policy.scores import REWARD_METRICS
 from soar.resolve import load_callable
 from soar.rewards import TEACHER_REWARDS, student_tasks_per_step
 
 log = logging.getLogger("soar.validation")
-
-WORKER_RAM_GB = 0.9
-"""Measured resident memory of one idle torch student worker (imports, tokenizer, grader)."""
-RAY_RAM_GB = 0.64
-"""Measured resident memory of a local Ray instance (GCS, raylet, object store bookkeeping)."""
-
 
 def fail(field_name: str, message: str) -> None:
     """Raise the ``ConfigError`` of ``field_name``."""
@@ -428,11 +423,7 @@ def _validate_resources(r, model_path: str | None, cores: int) -> None:
         fail("resources.num_workers", f"{r.num_workers} workers x {r.threads_per_worker} threads + "
                                        f"{r.engine_threads} engine threads = {threads} > {cores} cores; "
                                        f"at most {max((cores - r.engine_threads) // r.threads_per_worker, 0)} workers")
-    weights_gb = 0.0
-    if model_path and Path(model_path).expanduser().is_dir():
-        weights_gb = sum(f.stat().st_size for f in Path(model_path).expanduser().iterdir()
-                         if f.suffix in (".safetensors", ".bin")) / 2**30
-    per_worker = WORKER_RAM_GB + 5 * weights_gb
+    per_worker = worker_ram_gb(model_path)
     available = machine.available_ram_gb()
     if available is not None and r.num_workers * per_worker + RAY_RAM_GB > available:
         fail("resources.num_workers", f"{r.num_workers} workers x {per_worker:.2f} GB + Ray {RAY_RAM_GB} GB "
