@@ -19,7 +19,8 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
     4 stages      validation, Hydra's configuration (soar.hydra_config), run data, the stage setup
                   (soar.stage), soar-rl (soar.rl), soar-filter (filters), prepare, the step dump, the outer
                   loop (soar.loop), soar-team (soar.team.train, its checks and memory plan)
-    5 products    evaluate (soar-eval), export (soar-export), report (soar-report), estimate
+    5 products    evaluate (soar-eval), its results over seeds (soar.eval_tables), export (soar-export), report
+                  (soar-report), estimate
     6 interface   cli (the soar-* commands) and this package's API
 
 The design card's folders map to modules of this one package: ``students/`` is ``soar/students/``,
@@ -60,7 +61,7 @@ LAYERS: dict[str, int] = {
     "soar.validation": 4, "soar.hydra_config": 4, "soar.rundata": 4, "soar.stage": 4, "soar.rl": 4,
     "soar.filters": 4, "soar.filters.failk": 4, "soar.prepare": 4, "soar.step_dump": 4, "soar.loop": 4,
     "soar.team.checks": 4, "soar.team.plan": 4, "soar.team.train": 4,
-    "soar.evaluate": 5, "soar.export": 5, "soar.report": 5, "soar.estimate": 5,
+    "soar.evaluate": 5, "soar.eval_tables": 5, "soar.export": 5, "soar.report": 5, "soar.estimate": 5,
     "soar.cli": 6, "soar": 6,
 }
 """Each module's layer (above); a new module needs a row here. A world module is layer 3."""

@@ -12,7 +12,8 @@ model with the student RLOO recipe on synthetic questions and hard-train (``eval
 evaluate greedy accuracy and pass@k on hard-test every ``eval.eval_every`` steps; inference-only
 methods (``ps``, ``teacher``, ``base``) evaluate one model over ``eval.inference_seeds`` seeds.
 The run dir gets ``metrics.jsonl`` (``student/*`` per step, ``eval/*`` at evaluation steps),
-``eval.json`` (the summary: slope rule, window mean, fixed step, final) and ``questions.jsonl``.
+``eval.json`` (the summary: slope rule, window mean, fixed step, final) and ``questions.jsonl``; the
+runs of several seeds are aggregated by ``soar.eval_tables``.
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ import copy
 import json
 import logging
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
 
 from soar.config import INFERENCE_METHODS, ConfigError
 from soar.data import Problem, text_key, write_jsonl
-from soar.diversity import bootstrap_vendi, load_embedder
 from soar.export import load_questions, load_teacher
 from soar.generation import correctness, make_generator
 from soar.grading import make_grader
@@ -36,9 +35,10 @@ from soar.metrics_log import MetricsLogger
 from soar.models import load_model
 from soar.policy.trainer import RLOOTrainer
 from soar.prepare import given_hard_set, has_hard_split, read_hard_split
-from soar.rundata import RunDataError, check_eligible, read_json, read_run
+from soar.rundata import RunDataError, check_eligible, read_run
 from soar.seeding import derive_seed
 from soar.stage import setup_stage
+from soar.stats import sample_sd
 from soar.students.trainer import batch_indices
 from soar.validation import fail
 from soar.worlds.base import configured_world
@@ -61,11 +61,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def pass_at_k_means(correct_counts, n: int, ks) -> dict[str, float]:
     """``eval/pass@k`` averaged over problems."""
     return {f"eval/pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in correct_counts])) for k in ks}
-
-
-def sample_sd(values) -> float | None:
-    """The sample standard deviation (ddof 1) of what is reported over seeds; None below 2 values."""
-    return float(np.std(values, ddof=1)) if len(values) > 1 else None
 
 
 # ---- slope rule ---------------------------------------------------------------------------------
@@ -384,56 +379,3 @@ def validate_eval(cfg) -> None:
         fail("eval.warmup_steps", f"must be in [0, eval.steps={e.steps})")
     if e.slope.window < 2 or not 0 < e.slope.threshold < 1:
         fail("eval.slope", "window must be >= 2 and threshold in (0, 1)")
-
-
-# ---- aggregation over seeds ---------------------------------------------------------------------
-def aggregate(eval_dirs, diversity_model: str | None = None, which: str = "selected") -> dict:
-    """Mean ± SD over seeds (``sample_sd``) per label and metric (the paper's Tables 4-6), plus the
-    Vendi score of each label's final question sets the paper's way (bootstrap to 128 questions, 100
-    times; mean ± SD over distinct sets). ``which``: ``selected`` (slope rule), ``fixed`` or ``final``."""
-    by_label: dict[str, list[dict]] = {}
-    for d in eval_dirs:
-        summary = read_json(Path(d) / "eval.json")
-        summary["dir"] = str(d)
-        by_label.setdefault(summary["label"], []).append(summary)
-    embedder = load_embedder(diversity_model) if diversity_model else None
-    table = {}
-    for label, rows in by_label.items():
-        keys = sorted({k for r in rows for k in r.get(which, r["selected"]) if k.startswith("eval/")},
-                      key=lambda k: (k != "eval/greedy_acc", int(k.split("@")[1]) if "@" in k else 0))
-        values = {k: [r.get(which, r["selected"])[k] for r in rows] for k in keys}
-        entry = {"seeds": len(rows), "metrics": {k: {"mean": float(np.mean(v)), "sd": sample_sd(v)}
-                                                  for k, v in values.items()}}
-        if embedder is not None:
-            sets = {}
-            for r in rows:
-                qpath = Path(r["dir"]) / "questions.jsonl"
-                qs = ([json.loads(x)["question"] for x in qpath.read_text().splitlines() if x.strip()]
-                      if qpath.exists() else [])
-                if len(qs) >= 2:
-                    sets[tuple(qs)] = qs
-            scores = [bootstrap_vendi(embedder.encode(qs, show_progress_bar=False), 128, 100, seed=0)[0]
-                      for qs in sets.values()]
-            if scores:
-                entry["vendi"] = {"mean": float(np.mean(scores)), "sd": sample_sd(scores), "sets": len(scores)}
-        table[label] = entry
-    return {"which": which, "table": table}
-
-
-def _mean_sd(entry: dict, scale: float, digits: int) -> str:
-    sd = f"{scale * entry['sd']:.{digits}f}" if entry["sd"] is not None else "–"
-    return f"{scale * entry['mean']:.{digits}f} ± {sd}"
-
-
-def markdown_table(agg: dict) -> str:
-    """The aggregate as a Markdown table (values in %, mean ± SD; – for one seed), like the paper's Tables 4-6."""
-    table = agg["table"]
-    keys = sorted({k for e in table.values() for k in e["metrics"]},
-                  key=lambda k: (k != "eval/greedy_acc", int(k.split("@")[1]) if "@" in k else 0))
-    head = "| method | seeds | " + " | ".join(k.removeprefix("eval/") for k in keys) + " | Vendi |"
-    lines = [head, "|" + "---|" * (len(keys) + 3)]
-    for label, e in table.items():
-        cells = [_mean_sd(e["metrics"][k], 100, 1) if k in e["metrics"] else "-" for k in keys]
-        vendi = _mean_sd(e["vendi"], 1, 2) if "vendi" in e else "-"
-        lines.append(f"| {label} | {e['seeds']} | " + " | ".join(cells) + f" | {vendi} |")
-    return "\n".join(lines) + "\n"

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from soar.evaluate import aggregate, centred_moving_average, markdown_table
+from soar.eval_tables import aggregate, markdown_table
+from soar.evaluate import centred_moving_average
 from soar.rundata import RunData, RunDataError, read_json, read_run
 
 

@@ -24,6 +24,11 @@ def mean_se(xs) -> dict:
             "n": int(len(xs)), "values": [float(x) for x in xs]}
 
 
+def sample_sd(values) -> float | None:
+    """The sample standard deviation (ddof 1) of what is reported over seeds; None below 2 values."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
 def paired_t(diffs, alternative: str = "two-sided") -> dict:
     """One-sample t test of per-seed paired differences against 0: mean, SE, t, df = n - 1 and p
     (``two-sided``, or ``greater``: the differences' mean is above 0)."""

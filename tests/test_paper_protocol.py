@@ -192,7 +192,8 @@ def test_the_oracle_pool_leaves_out_hard_test(tmp_path):
 def test_reported_sds_over_seeds_are_sample_sds(tmp_path):
     """Mean ± SD per label uses the sample SD (ddof 1), as does every SE built from it; one seed
     has no SD (None in JSON, – in the table), never a 0 that reads as certainty."""
-    from soar.evaluate import aggregate, markdown_table, sample_sd
+    from soar.eval_tables import aggregate, markdown_table
+    from soar.stats import sample_sd
 
     values = {"PQ": [0.1, 0.2, 0.6], "Hard-Only": [0.3]}
     dirs = []

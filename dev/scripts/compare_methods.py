@@ -229,7 +229,7 @@ def main() -> None:
         list(pool.map(evaluate, range(len(jobs))))
 
     # 5. report and the verdict
-    from soar.evaluate import markdown_table
+    from soar.eval_tables import markdown_table
     from soar.report import build_report
 
     agg = build_report([str(r) for r in runs.values()], [str(d) for d in eval_dirs], out / "report",
