@@ -11,7 +11,7 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
                   prompt/stop token ids (soar.tokens), the machine (soar.machine: RAM, GPUs, the allocator setting),
                   the GPU memory plan (soar.memory_plan), stacked_llama,
                   a team's pure parts (soar.team: credit, sandbox, formats, episode, metrics)
-    2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, scores)
+    2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, distill, scores)
     3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, stacked,
                   promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
                   worlds (the World interface and one module per world), the Llama-3.2 rehearsal model, the
@@ -52,7 +52,7 @@ LAYERS: dict[str, int] = {
     "soar.machine": 1, "soar.memory_plan": 1, "soar.stacked_llama": 1, "soar.leak": 1,
     "soar.team": 1, "soar.team.credit": 1, "soar.team.sandbox": 1, "soar.team.formats": 1, "soar.team.episode": 1,
     "soar.team.metrics": 1,
-    "soar.policy": 2, "soar.policy.rloo": 2, "soar.policy.scores": 2, "soar.policy.trainer": 2,
+    "soar.policy": 2, "soar.policy.rloo": 2, "soar.policy.scores": 2, "soar.policy.trainer": 2, "soar.policy.distill": 2,
     "soar.teachers": 3, "soar.teachers.prompts": 3, "soar.teachers.parse": 3, "soar.teachers.sampling": 3,
     "soar.teachers.update": 3, "soar.students": 3, "soar.students.trainer": 3, "soar.students.pool": 3,
     "soar.students.lockstep": 3, "soar.students.stacked": 3, "soar.students.promotion": 3, "soar.rewards": 3,

@@ -1,15 +1,25 @@
 """The pure pieces of RLOO (Ahmadian et al. 2024) as SOAR's students and teacher use them: advantages,
-the k3 KL estimator, per-token log-probs and the policy-gradient loss. No state, so tests pin them by hand.
+the k3 KL estimator, per-token log-probs and the policy-gradient loss, and what a policy's step returns
+(``StepResult``). No state, so tests pin them by hand.
 
 Shape suffixes: ``_QG`` = (questions, samples per question), ``_BT`` = (sequences, tokens).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from soar.config import LOGITS_CHUNK_ELEMENTS
+
+
+@dataclass
+class StepResult:
+    metrics: dict
+    rewards_QG: torch.Tensor
+    skipped: bool
 
 
 def rloo_advantages(rewards_QG: torch.Tensor) -> torch.Tensor:
