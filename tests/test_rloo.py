@@ -75,7 +75,7 @@ def test_micro_batch_1_equals_8(loss_norm):
                               warmup_steps=0, max_steps=1, min_lr_ratio=0.0, micro_batch_size=micro,
                               loss_norm=loss_norm, kl_coef=0.01, max_grad_norm=None, temperature=1.0,
                               precision="mixed", gradient_checkpointing=False)
-        trainer = RLOOTrainer(model, tok, grader=None, student_cfg=cfg, prompt_template="{question}", seed=0, ref_model=ref)
+        trainer = RLOOTrainer(model, tok, grader=None, policy_cfg=cfg, prompt_template="{question}", seed=0, ref_model=ref)
         prompts = [tok(f"Q{i}:", add_special_tokens=False).input_ids for i in range(8)]
         comps = [tok("x" * (i + 1), add_special_tokens=False).input_ids for i in range(8)]
         adv = torch.linspace(-3, 3, 8)

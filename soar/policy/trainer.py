@@ -139,21 +139,22 @@ def non_finite_loss(role: str, updates: int, lr: float, which: str = "") -> str:
 
 
 class RLOOTrainer(Distillation):
-    """Owns a policy (full model or peft LoRA), its reference, optimiser and schedule."""
+    """Owns a policy (full model or peft LoRA), its reference, optimiser and schedule. ``policy_cfg`` is the
+    role's ``PolicyConfig``: ``cfg.student`` for a student, ``cfg.teacher`` for the teacher."""
 
-    def __init__(self, model, tokenizer, grader, student_cfg, prompt_template: str, seed: int,
+    def __init__(self, model, tokenizer, grader, policy_cfg, prompt_template: str, seed: int,
                  ref_model=None, batch_size: int = 256, role: str = "student", generator=None, distill=None,
                  advisor=None):
-        self.cfg, self.tokenizer, self.grader, self.role = student_cfg, tokenizer, grader, role
+        self.cfg, self.tokenizer, self.grader, self.role = policy_cfg, tokenizer, grader, role
         self.distill, self.advisor = distill, advisor
         """``DistillConfig`` and ``advisor(problems, prompts, samples_QG, grades, step) -> (teacher prompt text
         or None per rollout, metrics)``: the rollouts' advice-conditioned prompts (None: not distilled)."""
         self.template, self.seed = prompt_template, seed
-        if student_cfg.lora.r > 0:
+        if policy_cfg.lora.r > 0:
             from peft import LoraConfig, get_peft_model  # deferred: only LoRA policies need peft
 
             torch.manual_seed(derive_seed(seed, "lora_init"))
-            lora = student_cfg.lora
+            lora = policy_cfg.lora
             model = get_peft_model(model, LoraConfig(
                 r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                 target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
@@ -161,17 +162,17 @@ class RLOOTrainer(Distillation):
             ref_model = None  # the reference is the same weights with the adapter disabled
         elif ref_model is not None:
             ref_model.eval().requires_grad_(False)
-        if student_cfg.gradient_checkpointing:
+        if policy_cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model, self.ref_model = model, ref_model
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.master = MasterWeights(params) if student_cfg.precision == "mixed" else None
+        self.master = MasterWeights(params) if policy_cfg.precision == "mixed" else None
         self.params = self.master.optimizer_params if self.master is not None else params
         """What AdamW updates: the fp32 master copies (and any fp32 trainable weights) or the model's own."""
-        self.optimizer = torch.optim.AdamW(self.params, lr=student_cfg.lr, betas=tuple(student_cfg.adam_betas),
-                                           weight_decay=student_cfg.weight_decay)
-        self.scheduler = cosine_schedule(self.optimizer, student_cfg)
+        self.optimizer = torch.optim.AdamW(self.params, lr=policy_cfg.lr, betas=tuple(policy_cfg.adam_betas),
+                                           weight_decay=policy_cfg.weight_decay)
+        self.scheduler = cosine_schedule(self.optimizer, policy_cfg)
         # Rollouts: the given generator (e.g. a shared vLLM one) re-targeted at this policy, or HF.
         self.batch_size = batch_size
         self.generator = generator or HFGenerator(self.model, tokenizer, batch_size=batch_size)
