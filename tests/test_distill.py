@@ -192,7 +192,7 @@ def test_teacher_scores_the_policys_sampled_token_ids(rehearsal_model_dir):
                                       .replace("{prompt}", prompts[i // s.group_size])])[0] if i != 1 else None
                  for i in range(len(flat))]
     ids, _, mask = pack_sequences(rollout_prompts, [f.token_ids for f in flat], tok.pad_token_id)
-    values, scored = trainer.teacher_logprobs(t_prompts, [f.token_ids for f in flat], rollout_prompts, ids.shape[1])
+    values, scored = trainer.distill_teacher_logprobs(t_prompts, [f.token_ids for f in flat], rollout_prompts, ids.shape[1])
     assert torch.equal(scored, mask * torch.tensor([float(i != 1) for i in range(len(flat))])[:, None])
     for i in advised:
         with torch.no_grad():

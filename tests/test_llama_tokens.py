@@ -136,7 +136,7 @@ def test_trainer_rollouts_and_gold_scores_use_the_sampled_ids(llama):
     s_cfg = soar.compose(["experiment=paper_rehearsal", "student.group_size=2", "student.kl_coef=0"]).student
     trainer = RLOOTrainer(copy.deepcopy(model), tok, make_grader("math_verify"), s_cfg, cfg.data.prompt_template, 0)
     got = {}
-    trainer.update = lambda prompt_ids, completion_ids, adv, logprobs=None, teacher_prompt_ids=None: got.update(
+    trainer.update = lambda prompt_ids, completion_ids, adv, logprobs=None, advised_prompt_ids=None: got.update(
         p=prompt_ids) or {"skipped": True, "lr": 0.0, "pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "forward_backward_s": 0.0,
         "optimizer_s": 0.0}
     trainer.step(problems)

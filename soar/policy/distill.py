@@ -1,9 +1,10 @@
 """Coach-guided on-policy context distillation (``docs/distill.md``) on the RLOO policy: the methods
 ``soar.policy.trainer.RLOOTrainer`` inherits for it. With ``distill`` (``DistillConfig``) and an ``advisor``
 (``soar.coach.Advisor``), the trainer's step has the advice-conditioned distillation teacher score the
-rollouts' sampled token ids (``teacher_logprobs``; the loss is ``soar.policy.rloo.distill_token_weights``);
-``distill.objective=sft`` is the supervised baseline at the same budget (``sft_step``), whose targets the
-distillation teacher samples (``teacher_generator``).
+rollouts' sampled token ids (``distill_teacher_logprobs``; the loss is
+``soar.policy.rloo.distill_token_weights``); ``distill.objective=sft`` is the supervised baseline at the same
+budget (``sft_step``), whose targets the distillation teacher samples (``distill_teacher_generator``). The
+distillation teacher is the policy's initial (or current) copy given the coach's advice, not SOAR's teacher.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Distillation:
 
     def sft_step(self, problems) -> StepResult:
         """``distill.objective=sft``: the coach advises on each question before any attempt, the
-        distillation teacher (``teacher_generator``) samples ``group_size`` completions per advised question
+        distillation teacher (``distill_teacher_generator``) samples ``group_size`` completions per advised question
         from its advised prompt (the rollouts' seed and sampling parameters: the on-policy arms' budget), and
         the policy takes one ``update`` on them with weight ``distill.coef`` on each correct one and 0 on the
         rest, under its own unadvised prompt: the NLL of the teacher's correct samples. A question whose
@@ -33,11 +34,11 @@ class Distillation:
         describe rollouts this arm does not have), the update's ``student/*`` and the coach's."""
         cfg, t0 = self.cfg, time.perf_counter()
         prompts, params = self.rollout_request(problems)
-        teacher_texts, advice_metrics = self.advisor.before_attempts(problems, prompts, self.step_count)
-        advised = [q for q, t in enumerate(teacher_texts) if t is not None]
+        advised_texts, advice_metrics = self.advisor.before_attempts(problems, prompts, self.step_count)
+        advised = [q for q, t in enumerate(advised_texts) if t is not None]
         t_advice = time.perf_counter()
-        with self.teacher_generator() as generator:
-            samples_AG = generator.generate([teacher_texts[q] for q in advised], params)
+        with self.distill_teacher_generator() as generator:
+            samples_AG = generator.generate([advised_texts[q] for q in advised], params)
         t_sample = time.perf_counter()
         flat = [s for group in samples_AG for s in group]
         rows = [q for q in advised for _ in range(cfg.group_size)]  # each sample's question
@@ -68,7 +69,7 @@ class Distillation:
         return StepResult(metrics, correct_B.view(len(advised), cfg.group_size), train_stats["skipped"])
 
     @contextmanager
-    def teacher_generator(self):
+    def distill_teacher_generator(self):
         """An HF generator of the distillation teacher's samples (``distill.objective=sft``): the initial
         policy (``distill.teacher=frozen``: the reference copy, or this LoRA policy with its adapter disabled
         while it samples) or the current one (``updated``)."""
@@ -83,19 +84,19 @@ class Distillation:
             raise ValueError("a frozen distillation teacher needs a reference model (full fine-tuning) or LoRA")
 
     @torch.no_grad()
-    def teacher_logprobs(self, teacher_prompt_ids, completion_ids, prompt_ids, width: int):
+    def distill_teacher_logprobs(self, advised_prompt_ids, completion_ids, prompt_ids, width: int):
         """The distillation teacher's log-probs of exactly the rollouts' sampled token ids, and the mask of the
         tokens distilled, both laid out like the policy's ``pack_sequences(prompt_ids, completion_ids)``
-        (``width`` wide). Row i is scored as ``teacher_prompt_ids[i] + completion_ids[i]``: the
+        (``width`` wide). Row i is scored as ``advised_prompt_ids[i] + completion_ids[i]``: the
         advice-conditioned prompt (BOS once, as ``soar.tokens`` encodes it), then the same completion ids, EOS
         included, right-padded; a row without advice (None) is not distilled, nor is a final stop token
         unless ``distill.stop_token``. ``distill.teacher``: ``frozen`` scores with the initial policy
         (``reference_logprobs``), ``updated`` with the current one, both at the rollouts' temperature."""
-        rows = [i for i, t in enumerate(teacher_prompt_ids) if t is not None]
+        rows = [i for i, t in enumerate(advised_prompt_ids) if t is not None]
         values: list[list[float]] = [[0.0] * len(c) for c in completion_ids]
         scored: list[list[float]] = [[0.0] * len(c) for c in completion_ids]
         if rows:
-            t_prompts, t_completions = [teacher_prompt_ids[i] for i in rows], [completion_ids[i] for i in rows]
+            t_prompts, t_completions = [advised_prompt_ids[i] for i in rows], [completion_ids[i] for i in rows]
             ids, attn, _ = (t.to(self.model.device) for t in pack_sequences(t_prompts, t_completions,
                                                                             self.tokenizer.pad_token_id))
             if self.distill.teacher == "frozen":

@@ -221,17 +221,17 @@ class RLOOTrainer(Distillation):
         grades, rewards_QG, correct_QG, adv_QG = grade_rollouts(self.grader, problems, samples_QG, cfg.reward)
         t_grade = t_advice = time.perf_counter()
 
-        advice_metrics, teacher_prompt_ids = {}, None
+        advice_metrics, advised_prompt_ids = {}, None
         if self.advisor is not None:
-            teacher_texts, advice_metrics = self.advisor(problems, prompts, samples_QG, grades, self.step_count)
-            teacher_prompt_ids = [None if t is None else encode_prompts(self.tokenizer, [t])[0] for t in teacher_texts]
+            advised_texts, advice_metrics = self.advisor(problems, prompts, samples_QG, grades, self.step_count)
+            advised_prompt_ids = [None if t is None else encode_prompts(self.tokenizer, [t])[0] for t in advised_texts]
         t_advice = time.perf_counter()
 
         prompt_ids = encode_prompts(self.tokenizer, prompts)  # the ids the rollouts were conditioned on
         train_stats = self.update([prompt_ids[q] for q in range(len(problems)) for _ in range(cfg.group_size)],
                                   [s.token_ids for group in samples_QG for s in group], adv_QG.flatten(),
                                   [s.logprobs for group in samples_QG for s in group] if self.checks_sync else None,
-                                  teacher_prompt_ids)
+                                  advised_prompt_ids)
         skipped, lr = train_stats["skipped"], train_stats["lr"]
         t_train = time.perf_counter()
 
@@ -261,25 +261,25 @@ class RLOOTrainer(Distillation):
 
     def update(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], adv_B: torch.Tensor,
                sampled_logprobs: list[list[float]] | None = None,
-               teacher_prompt_ids: list[list[int] | None] | None = None,
+               advised_prompt_ids: list[list[int] | None] | None = None,
                token_adv: list[list[float]] | None = None) -> dict:
         """One policy-gradient step on given rollouts and advantages (students: per-question RLOO;
         the teacher: its dataset's A_k on every rollout). Skips the optimiser step when every
         advantage is 0 and ``skip_zero_adv`` and no rollout is distilled; the schedule advances either
         way. With the engine's ``sampled_logprobs``, a mean per-token gap above ``sync_tolerance``
-        raises ``SyncError``. ``teacher_prompt_ids``: per rollout, the advice-conditioned prompt the
+        raises ``SyncError``. ``advised_prompt_ids``: per rollout, the advice-conditioned prompt the
         distillation teacher scores the same completion under (None: that rollout is not distilled).
         ``token_adv``: per rollout, one advantage per completion token, in place of ``adv_B``'s one per rollout
         (a team's per-token credit, ``soar.team.credit``)."""
-        advised = teacher_prompt_ids is not None and any(t is not None for t in teacher_prompt_ids)
+        advised = advised_prompt_ids is not None and any(t is not None for t in advised_prompt_ids)
         zero = bool((adv_B == 0).all()) if token_adv is None else all(x == 0 for v in token_adv for x in v)
         skipped = self.cfg.skip_zero_adv and zero and not advised
         stats = {"pg_loss": 0.0, "kl": 0.0, "grad_norm": 0.0, "distill_kl": 0.0,
-                 "advised_frac": 0.0 if teacher_prompt_ids is None else
-                 sum(t is not None for t in teacher_prompt_ids) / max(len(teacher_prompt_ids), 1)}
+                 "advised_frac": 0.0 if advised_prompt_ids is None else
+                 sum(t is not None for t in advised_prompt_ids) / max(len(advised_prompt_ids), 1)}
         t0 = time.perf_counter()
         if not skipped:
-            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B, sampled_logprobs, teacher_prompt_ids,
+            stats = self.accumulate_gradients(prompt_ids, completion_ids, adv_B, sampled_logprobs, advised_prompt_ids,
                                               token_adv)
         t_backward = time.perf_counter()
         if not skipped:
@@ -297,10 +297,10 @@ class RLOOTrainer(Distillation):
         return stats
 
     def accumulate_gradients(self, prompt_ids, completion_ids, adv_B: torch.Tensor, sampled_logprobs=None,
-                             teacher_prompt_ids=None, token_adv=None) -> dict:
+                             advised_prompt_ids=None, token_adv=None) -> dict:
         """Forward/backward in micro-batches; the loss is normalised by a whole-batch constant so
         the accumulated gradient equals the full-batch gradient whatever ``micro_batch_size`` is.
-        The sync check reuses the forward pass the loss needs anyway. With ``teacher_prompt_ids``, each
+        The sync check reuses the forward pass the loss needs anyway. With ``advised_prompt_ids``, each
         distilled rollout's tokens also weigh ``distill_token_weights`` and the RLOO advantages
         ``distill.rl_coef``."""
         cfg, n = self.cfg, len(completion_ids)
@@ -308,7 +308,7 @@ class RLOOTrainer(Distillation):
         normaliser = float(n if cfg.loss_norm == "sequence" else max(n_tokens, 1))
         pg_total, kl_total, sync_gap = 0.0, 0.0, 0.0
         distill_total, advised_tokens = 0.0, 0
-        rl_coef = self.distill.rl_coef if teacher_prompt_ids is not None else 1.0
+        rl_coef = self.distill.rl_coef if advised_prompt_ids is not None else 1.0
         self.model.train()
         device = self.model.device
         for start in range(0, n, cfg.micro_batch_size):
@@ -325,12 +325,12 @@ class RLOOTrainer(Distillation):
                 pg_weight = rl_coef * adv_B[sl].to(device)[:, None] * mask
             else:
                 pg_weight = rl_coef * pack_completion_values(prompt_ids[sl], token_adv[sl], ids.shape[1]).to(device) * mask
-            if teacher_prompt_ids is not None:
-                teacher_logp, advised_mask = self.teacher_logprobs(teacher_prompt_ids[sl], completion_ids[sl],
-                                                                   prompt_ids[sl], ids.shape[1])
-                teacher_logp, advised_mask = teacher_logp.to(device), advised_mask.to(device)
-                pg_weight = pg_weight + distill_token_weights(logp, teacher_logp, advised_mask, self.distill.coef)
-                distill_total += ((logp.detach() - teacher_logp) * advised_mask).sum().item()
+            if advised_prompt_ids is not None:
+                distill_teacher_logp, advised_mask = self.distill_teacher_logprobs(
+                    advised_prompt_ids[sl], completion_ids[sl], prompt_ids[sl], ids.shape[1])
+                distill_teacher_logp, advised_mask = distill_teacher_logp.to(device), advised_mask.to(device)
+                pg_weight = pg_weight + distill_token_weights(logp, distill_teacher_logp, advised_mask, self.distill.coef)
+                distill_total += ((logp.detach() - distill_teacher_logp) * advised_mask).sum().item()
                 advised_tokens += int(advised_mask.sum().item())
             loss, pg, kl_sum = weighted_rloo_loss(logp, ref_logp, pg_weight, mask, cfg.kl_coef, normaliser)
             if not torch.isfinite(loss):
@@ -341,9 +341,9 @@ class RLOOTrainer(Distillation):
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm).item()
         stats = {"pg_loss": pg_total, "kl": kl_total / max(n_tokens, 1), "grad_norm": grad_norm}
-        if teacher_prompt_ids is not None:
+        if advised_prompt_ids is not None:
             stats["distill_kl"] = distill_total / max(advised_tokens, 1)  # mean log pi - log pi_teacher per token
-            stats["advised_frac"] = sum(t is not None for t in teacher_prompt_ids) / max(n, 1)
+            stats["advised_frac"] = sum(t is not None for t in advised_prompt_ids) / max(n, 1)
         if sampled_logprobs is not None:
             stats["sync_logprob_gap"] = sync_gap / max(n_tokens, 1)
             if stats["sync_logprob_gap"] > cfg.sync_tolerance:
