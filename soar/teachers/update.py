@@ -30,15 +30,15 @@ def dataset_advantages(rewards_K) -> np.ndarray:
 
 class TeacherPolicy:
     def __init__(self, cfg, model, tokenizer, grader, student_template: str, student_context: int):
-        t = cfg.teacher
-        ref = copy.deepcopy(model) if t.lora.r == 0 and t.kl_coef > 0 else None
+        teacher_cfg = cfg.teacher
+        ref = copy.deepcopy(model) if teacher_cfg.lora.r == 0 and teacher_cfg.kl_coef > 0 else None
         self.cfg, self.tokenizer, self.grader = cfg, tokenizer, grader
-        self.trainer = RLOOTrainer(model, tokenizer, grader, t, "{question}", cfg.seed, ref_model=ref,
+        self.trainer = RLOOTrainer(model, tokenizer, grader, teacher_cfg, "{question}", cfg.seed, ref_model=ref,
                                    batch_size=cfg.backend.batch_size, role="teacher",
                                    generator=make_generator(cfg, "teacher", None, tokenizer))
-        self.fmt = TeacherFormat(t.question_tag, t.answer_tag)
+        self.fmt = TeacherFormat(teacher_cfg.question_tag, teacher_cfg.answer_tag)
         self.student_template, self.student_context = student_template, student_context
-        self.prompt_ids = encode_prompt(tokenizer, t.prompt)  # the ids the teacher samples from
+        self.prompt_ids = encode_prompt(tokenizer, teacher_cfg.prompt)  # the ids the teacher samples from
 
     def parse(self, text: str):
         pair = parse_pair(text, self.fmt, answer_ok=self.grader.parseable)
@@ -51,16 +51,17 @@ class TeacherPolicy:
 
     def sample(self, step: int) -> tuple[list[list[list[Rollout]]], dict]:
         """Rollouts split in order into groups x g datasets x n questions, and sampling metrics."""
-        t = self.cfg.teacher
-        per_group = t.datasets * t.questions_per_dataset
-        count = per_group * t.groups_per_step
-        params = SamplingParams(temperature=t.temperature, max_tokens=t.max_tokens, stop=tuple(t.stop),
-                                logprobs=self.trainer.checks_sync)
-        rollouts, metrics = sample_valid(self.trainer.sampler(), t.prompt, count, params, self.parse,
-                                         t.sample_batch or count, int(t.max_attempts_factor * count), self.cfg.seed, step)
-        n = t.questions_per_dataset
-        groups = [[rollouts[g * per_group + k * n: g * per_group + (k + 1) * n] for k in range(t.datasets)]
-                  for g in range(t.groups_per_step)]
+        teacher_cfg = self.cfg.teacher
+        per_group = teacher_cfg.datasets * teacher_cfg.questions_per_dataset
+        count = per_group * teacher_cfg.groups_per_step
+        params = SamplingParams(temperature=teacher_cfg.temperature, max_tokens=teacher_cfg.max_tokens,
+                                stop=tuple(teacher_cfg.stop), logprobs=self.trainer.checks_sync)
+        rollouts, metrics = sample_valid(self.trainer.sampler(), teacher_cfg.prompt, count, params, self.parse,
+                                         teacher_cfg.sample_batch or count, int(teacher_cfg.max_attempts_factor * count),
+                                         self.cfg.seed, step)
+        n = teacher_cfg.questions_per_dataset
+        groups = [[rollouts[g * per_group + k * n: g * per_group + (k + 1) * n] for k in range(teacher_cfg.datasets)]
+                  for g in range(teacher_cfg.groups_per_step)]
         metrics["teacher/completion_tokens_mean"] = float(np.mean([len(r.token_ids) for r in rollouts]))
         metrics["compute/teacher_tokens"] = float(sum(len(r.token_ids) for r in rollouts))
         return groups, metrics
