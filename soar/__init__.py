@@ -23,6 +23,13 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
                   (soar-report), estimate
     6 interface   cli (the soar-* commands) and this package's API
 
+Shape suffixes name a value's axes, outermost first (``rewards_QG``: questions x samples), one letter one
+meaning: ``Q`` questions, ``G`` samples per question (a question's RLOO group, ``student.group_size``),
+``J`` the teacher's groups of a step (``teacher.groups_per_step``), ``K`` datasets (``teacher.datasets`` per
+group), ``R`` students per dataset (``inner.replicates``), ``A`` advised questions, ``E`` episodes (a team's),
+``B`` sequences of a batch, ``T`` tokens, ``V`` vocabulary, ``H`` hidden size; ``soar.stacked_llama`` adds
+the letters of its stacked layout.
+
 The design card's folders map to modules of this one package: ``students/`` is ``soar/students/``,
 ``teachers/`` is ``soar/teachers/``, ``filters/`` is ``soar/filters/``; ``conf/`` stays at the top of
 the repository and ships inside the wheel as ``soar/conf``.

@@ -43,15 +43,15 @@ def start_completions(cfg, template: str, t: int, qr, results, rewards_KR) -> Ca
     return lambda: rows(outs)
 
 
-def write_step_dump(run_path: Path, cfg, t: int, datasets_GK, rewards_KR, adv_GK, results, decision, record,
+def write_step_dump(run_path: Path, cfg, t: int, datasets_JK, rewards_KR, adv_JK, results, decision, record,
                     completions: list[dict]) -> None:
     """``steps/step_N.json``: questions with R_k, A_k, replicate rewards and where each student ran
     (pid, Ray node id), and ``completions`` (``start_completions``)."""
     g, rows = cfg.teacher.datasets, []
-    for gi, ds in enumerate(datasets_GK):
+    for gi, ds in enumerate(datasets_JK):
         for k, d in enumerate(ds):
             kk = gi * g + k
-            rows.append({"dataset": kk, "reward": float(rewards_KR[kk].mean()), "advantage": float(adv_GK[gi][k]),
+            rows.append({"dataset": kk, "reward": float(rewards_KR[kk].mean()), "advantage": float(adv_JK[gi][k]),
                          "replicate_rewards": rewards_KR[kk].tolist(),
                          "students": [s.worker for s in results[gi].students_KR[k]] if results[gi].students_KR else [],
                          "questions": [{"question": p.question, "answer": p.answer} for p in d]})

@@ -68,7 +68,7 @@ def main() -> None:
     for t in range(args.steps):
         t0 = time.perf_counter()
         groups, _ = teacher.sample(t)
-        advantages_GK, pairs, values_D, rewards_D = [], [], [], []
+        advantages_JK, pairs, values_D, rewards_D = [], [], [], []
         for datasets in groups:
             rewards_K = []
             for dataset in datasets:
@@ -82,8 +82,8 @@ def main() -> None:
                 values_D.append(float(np.mean(values)))
                 rewards_K.append(values_D[-1] + args.noise * float(noise_rng.standard_normal()))
             rewards_D += rewards_K
-            advantages_GK.append(dataset_advantages(rewards_K))
-        stats = teacher.update(groups, advantages_GK)
+            advantages_JK.append(dataset_advantages(rewards_K))
+        stats = teacher.update(groups, advantages_JK)
         carries_P, right_P, value_P = (np.array(x) for x in zip(*pairs))
         row = {"step": t + 1, "true_value": float(value_P.mean()),
                "explained_frac": float(np.var(values_D) / max(np.var(rewards_D), 1e-12)), "right": float(right_P.mean()),

@@ -2,7 +2,8 @@
 the k3 KL estimator, per-token log-probs and the policy-gradient loss, and what a policy's step returns
 (``StepResult``). No state, so tests pin them by hand.
 
-Shape suffixes: ``_QG`` = (questions, samples per question), ``_BT`` = (sequences, tokens).
+Shape suffixes (the legend is ``soar/__init__.py``'s): ``_QG`` = (questions, samples per question),
+``_BT`` = (sequences, tokens).
 """
 
 from __future__ import annotations

@@ -66,10 +66,10 @@ class TeacherPolicy:
         metrics["compute/teacher_tokens"] = float(sum(len(r.token_ids) for r in rollouts))
         return groups, metrics
 
-    def update(self, groups, advantages_GK) -> dict:
+    def update(self, groups, advantages_JK) -> dict:
         """One optimiser step; A_k on every rollout of dataset k."""
         completions, adv, logprobs = [], [], []
-        for datasets, adv_K in zip(groups, advantages_GK):
+        for datasets, adv_K in zip(groups, advantages_JK):
             for dataset, a in zip(datasets, adv_K):
                 completions += [r.token_ids for r in dataset]
                 logprobs += [r.logprobs for r in dataset]
