@@ -131,8 +131,8 @@ class Loop:
             groups, sample_metrics = self.teacher.sample(t)
             maybe_die("teacher_sample", t)
         m.update(sample_metrics)
-        datasets_GK = [[as_problems(d, t, gi, k) for k, d in enumerate(group)] for gi, group in enumerate(groups)]
-        questions = [p for ds in datasets_GK for d in ds for p in d]
+        datasets_JK = [[as_problems(d, t, gi, k) for k, d in enumerate(group)] for gi, group in enumerate(groups)]
+        questions = [p for ds in datasets_JK for d in ds for p in d]
         m.update(self.diversity([p.question for p in questions]))
         if self.oracle is not None:
             m["teacher/answer_correct_frac"] = float(np.mean([self.oracle(p.question) == p.answer for p in questions]))
@@ -146,10 +146,10 @@ class Loop:
             # the baseline is scored in the same layout (not a slice of a hard-train pass). Students whose
             # Q_R goes out in one joint vLLM call (lockstep) share no layout with anyone: vLLM is not
             # batch-invariant.
-            base_acc = float(np.mean(self.scores(qr, f"qr{t}", cfg.inner.reward_metric)))
+            base_score = float(np.mean(self.scores(qr, f"qr{t}", cfg.inner.reward_metric)))
         with phase("rewards", t, times):  # 3. R_{k,j}
-            results = [self.reward_fn(ds, self.baseline, qr, base_acc, t, gi, st.inner_steps, bar)
-                       for gi, ds in enumerate(datasets_GK)]
+            results = [self.reward_fn(ds, self.baseline, qr, base_score, t, gi, st.inner_steps, bar)
+                       for gi, ds in enumerate(datasets_JK)]
         rewards_KR = np.concatenate([r.rewards_KR for r in results])
         m.update(merge_group_metrics([r.metrics for r in results]))
 
@@ -162,31 +162,33 @@ class Loop:
         record = None
         if decision.promote:
             with phase("promotion", t, times):
-                record = self.promote(t, decision, results, datasets_GK, rewards_KR)
+                record = self.promote(t, decision, results, datasets_JK, rewards_KR)
 
         completions = start_completions(cfg, self.template, t, qr, results, rewards_KR)  # a pool's: during the update
-        adv_GK = [dataset_advantages(r.rewards_KR.mean(-1)) for r in results]  # 5. teacher update
+        adv_JK = [dataset_advantages(r.rewards_KR.mean(-1)) for r in results]  # 5. teacher update
         if not cfg.teacher.frozen:
             with phase("teacher_update", t, times):
-                m.update(self.teacher.update(groups, adv_GK))
+                m.update(self.teacher.update(groups, adv_JK))
 
         rewards_K = rewards_KR.mean(-1)
         m.update({"teacher/reward_mean": float(rewards_K.mean()), "teacher/reward_std": float(rewards_K.std()),
-                  "teacher/reward_max": float(rewards_K.max()), "student/base_acc_qr": base_acc,
+                  # the key keeps its old name (base_acc: it holds inner.reward_metric's score): the pre-registered
+                  # confirmation's analysis and older runs read it
+                  "teacher/reward_max": float(rewards_K.max()), "student/base_acc_qr": base_score,
                   "promotion/moving_average": decision.moving_average, "promotion/promoted": int(decision.promote),
                   "promotion/count": len(st.promotions),
                   "promotion/baseline_hard_train_acc": float(np.mean(self.baseline_scores("accuracy")))})
         if cfg.inner.reward_metric != "accuracy":  # the baseline in the reward's units (student/base_acc_qr too)
             m["promotion/baseline_hard_train_score"] = float(np.mean(self.baseline_scores()))
         m.update(self.grader.stats.as_metrics())
-        write_step_dump(self.run.path, cfg, t, datasets_GK, rewards_KR, adv_GK, results, decision, record, completions())
+        write_step_dump(self.run.path, cfg, t, datasets_JK, rewards_KR, adv_JK, results, decision, record, completions())
         st.step = t + 1
         m.update(times)
         m["time/phases_s"] = sum(times.values())  # the timed phases only (was time/step_s)
         m["time/step_wall_s"] = time.perf_counter() - t_start  # the whole step, wall clock
         return m
 
-    def promote(self, t, decision, results, datasets_GK, rewards_KR) -> dict:
+    def promote(self, t, decision, results, datasets_JK, rewards_KR) -> dict:
         """The median student of the best dataset becomes the baseline (a copy: the teacher never
         shares its weights); its dataset joins PQ; K grows."""
         cfg, st, g = self.cfg, self.state, self.cfg.teacher.datasets
@@ -211,7 +213,7 @@ class Loop:
         st.promotions.append(record)
         st.pq += [{**p.to_dict(), "promotion": index, "step": t + 1, "dataset": decision.dataset,
                    "dataset_reward": record["dataset_reward"], "replicate_rewards": record["replicate_rewards"],
-                   "seed": cfg.seed} for p in datasets_GK[gi][k]]
+                   "seed": cfg.seed} for p in datasets_JK[gi][k]]
         st.inner_steps = min(st.inner_steps + cfg.inner.steps_per_promotion, cfg.inner.max_steps)
         log.info("promotion %d at step %d: %s", index, t + 1, decision.reason)
         return record

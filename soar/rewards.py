@@ -96,13 +96,13 @@ class GroundedReward:
         self.students = make_students(cfg, tokenizer, grader, template)
 
     def __call__(self, datasets_K: list[list[Problem]], baseline, reward_questions: list[Problem],
-                 base_acc: float, step: int, group: int, inner_steps: int, progress=None) -> GroupRewards:
+                 base_score: float, step: int, group: int, inner_steps: int, progress=None) -> GroupRewards:
         r = self.cfg.inner.replicates
         tasks = [StudentTask(step, group, k, j, tuple(dataset), inner_steps)
                  for k, dataset in enumerate(datasets_K) for j in range(r)]
         flat = self.students.run(tasks, baseline, reward_questions, progress)
         students_KR = [flat[k * r:(k + 1) * r] for k in range(len(datasets_K))]
-        rewards_KR = np.array([[s.accuracy["qr"] - base_acc for s in row] for row in students_KR], dtype=float)
+        rewards_KR = np.array([[s.accuracy["qr"] - base_score for s in row] for row in students_KR], dtype=float)
         history = [h for row in students_KR for s in row for h in s.history]
         metrics = {"student/inner_reward_mean": float(np.mean([h["student/reward_mean"] for h in history])),
                    "student/inner_accuracy": float(np.mean([h["student/accuracy"] for h in history])),
@@ -139,7 +139,7 @@ class IntrinsicReward:
         self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
         self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
 
-    def __call__(self, datasets_K, baseline, reward_questions, base_acc, step, group, inner_steps,
+    def __call__(self, datasets_K, baseline, reward_questions, base_score, step, group, inner_steps,
                  progress=None) -> GroupRewards:
         cfg, gen = self.cfg, self.eval_gen
         gen.sync_weights(baseline)
