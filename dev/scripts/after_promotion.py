@@ -106,7 +106,8 @@ def main() -> None:
     cfg = OmegaConf.load(run / "config.yaml")
     promotions = (run / "promotions.jsonl").read_text().splitlines()
     if not 1 <= args.promotion <= len(promotions):
-        raise SystemExit(f"--promotion {args.promotion}: {run / 'promotions.jsonl'} has {plural(len(promotions), 'promotion')}")
+        raise SystemExit(f"--promotion {args.promotion}: {run / 'promotions.jsonl'} has "
+                         f"{plural(len(promotions), 'promotion')}")
     promotion = json.loads(promotions[args.promotion - 1])
     oracle = answer_oracle_hook(cfg)  # "world" (newer runs) or a dotted path
     mcfg = OmegaConf.merge(cfg.model, {"path": str(run / promotion["path"])})
