@@ -139,6 +139,7 @@ class InProcessStudents(StudentExecutor):
             res = self.runner.run(baseline, task, reward_questions)
             res.trainer.keep_policy_only()  # before the next student: one model copy kept per student, not ~4
             out += self.finish([task], [res.correct["qr"]], [res.history], [res.trainer], progress=progress)
+            del res  # its trainer lives on in the result only, where drop_unpromotable may free it
             drop_unpromotable(tasks, out)
             for gen in (self.runner.rollout_gen, self.runner.eval_gen):
                 gen.sync_weights(None)  # let go of this student: a kept one is synced again when used
