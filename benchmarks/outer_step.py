@@ -98,15 +98,17 @@ def instrument(timers: StepTimers) -> None:
     import soar.loop
     import soar.metrics_log
     import soar.policy.trainer
+    import soar.rewards
     import soar.state
     import soar.students.trainer
     import soar.vllm_backend  # imports vllm only when an engine starts
     from soar.diversity import DiversityMeter
     from soar.generation import HFGenerator
     from soar.grading import Grader, MathVerifyGrader
-    from soar.rewards import GroundedReward, IntrinsicReward
     from soar.stacked_llama import StackedLlama
-    from soar.students.stacked import StackedStudents
+    from soar.students.lockstep import LockstepStudents
+    from soar.students.pool import InProcessStudents, StudentPool
+    from soar.students.stacked import StackedOptimizer, StackedStudents
     from soar.teachers.update import TeacherPolicy
 
     # Work: the same function counts as the phase of whoever calls it.
@@ -118,7 +120,7 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(StackedLlama, "prefill", kind="forward_backward")
     timers.wrap(StackedLlama, "tree_logprobs", kind="forward_backward")
     timers.wrap(torch.Tensor, "backward", kind="forward_backward")
-    timers.wrap(StackedStudents, "_optimise", kind="optimizer")
+    timers.wrap(StackedOptimizer, "step", kind="optimizer")
     # Before any AdamW exists: its first instance hooks the class's step, and each scheduler wraps it.
     timers.wrap(torch.optim.AdamW, "step", kind="optimizer")
     timers.wrap(Grader, "grade_batch", kind="grading")
@@ -129,13 +131,13 @@ def instrument(timers: StepTimers) -> None:
     timers.wrap(soar.loop.Loop, "step", phase="loop_other", opens_step=True)
     timers.wrap(TeacherPolicy, "sample", phase="teacher_sampling")
     timers.wrap(DiversityMeter, "__call__", phase="diversity")
-    timers.wrap(GroundedReward, "__call__", phase="student_training")  # incl. a Ray pool's students
+    for executor in (InProcessStudents, StudentPool, LockstepStudents, StackedStudents):  # incl. a Ray pool's
+        timers.wrap(executor, "run", phase="student_training")
     timers.wrap(soar.students.trainer, "train_student", phase="student_training")
-    timers.wrap(StackedStudents, "run", phase="student_training")
     timers.wrap(StackedStudents, "_score", phase="student_evaluation")
     timers.wrap(soar.policy.trainer.RLOOTrainer, "evaluate", phase="student_evaluation")  # trained students on Q_R
     timers.wrap(soar.loop.Loop, "scores", phase="student_evaluation")  # the baseline on Q_R, hard-train, hard-test
-    timers.wrap(IntrinsicReward, "__call__", phase="student_evaluation")  # the base student on teacher questions
+    timers.wrap(soar.rewards, "success_rates", phase="student_evaluation")  # the base student on teacher questions
     timers.wrap(soar.loop.Loop, "promote", phase="promotion")
     timers.wrap(TeacherPolicy, "update", phase="teacher_update")
     timers.wrap(soar.loop, "write_step_dump", phase="checkpoint_dumps")

@@ -6,14 +6,14 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
 
     0 config      config (the schema), its default prompt texts (soar.default_prompts), resolving what a value
                   names (soar.resolve: a role's backend, a dotted function), seeding, faults, signals, stats
-    1 foundations grading, the leak check (soar.leak), data, models, samples / generation / vllm_backend,
-                  run dirs, the metrics log (soar.metrics_log), the console (soar.console), state, diversity,
-                  prompt/stop token ids (soar.tokens), the machine (soar.machine: RAM, GPUs, the allocator setting),
-                  the GPU memory plan (soar.memory_plan), stacked_llama,
-                  a team's pure parts (soar.team: credit, sandbox, formats, episode, metrics)
+    1 foundations grading, the students' rollout rewards (soar.student_rewards), the leak check (soar.leak),
+                  data, models, samples / generation / vllm_backend, run dirs, the metrics log (soar.metrics_log),
+                  the console (soar.console), state, diversity, prompt/stop token ids (soar.tokens), the machine
+                  (soar.machine: RAM, GPUs, the allocator setting), the GPU memory plan (soar.memory_plan),
+                  stacked_llama, a team's pure parts (soar.team: credit, sandbox, formats, episode, metrics)
     2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, distill, scores)
-    3 roles       teachers (prompts, parsing, sampling, update), students (trainer, pool, lockstep, stacked,
-                  promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
+    3 roles       teachers (prompts, parsing, sampling, update), students (trainer, executor, pool, lockstep,
+                  stacked, promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
                   worlds (the World interface and one module per world), the Llama-3.2 rehearsal model, the
                   coach of context distillation (soar.coach), a team's chain (soar.team.rollout)
     4 stages      validation, Hydra's configuration (soar.hydra_config), run data, the stage setup
@@ -53,7 +53,7 @@ __version__ = "0.1.0"
 LAYERS: dict[str, int] = {
     "soar.config": 0, "soar.default_prompts": 0, "soar.resolve": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0,
     "soar.stats": 0,
-    "soar.grading": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
+    "soar.grading": 1, "soar.student_rewards": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
     "soar.vllm_backend": 1, "soar.run": 1, "soar.metrics_log": 1, "soar.console": 1, "soar.state": 1, "soar.diversity": 1,
     "soar.tokens": 1,
     "soar.machine": 1, "soar.memory_plan": 1, "soar.stacked_llama": 1, "soar.leak": 1,
@@ -61,8 +61,9 @@ LAYERS: dict[str, int] = {
     "soar.team.metrics": 1,
     "soar.policy": 2, "soar.policy.rloo": 2, "soar.policy.scores": 2, "soar.policy.trainer": 2, "soar.policy.distill": 2,
     "soar.teachers": 3, "soar.teachers.prompts": 3, "soar.teachers.parse": 3, "soar.teachers.sampling": 3,
-    "soar.teachers.update": 3, "soar.students": 3, "soar.students.trainer": 3, "soar.students.pool": 3,
-    "soar.students.lockstep": 3, "soar.students.stacked": 3, "soar.students.promotion": 3, "soar.rewards": 3,
+    "soar.teachers.update": 3, "soar.students": 3, "soar.students.trainer": 3, "soar.students.executor": 3,
+    "soar.students.pool": 3, "soar.students.lockstep": 3, "soar.students.stacked": 3, "soar.students.promotion": 3,
+    "soar.rewards": 3,
     "soar.worlds": 3, "soar.worlds.base": 3, "soar.worlds.arith": 3, "soar.rehearsal": 3,
     "soar.coach": 3, "soar.worlds.arith_team": 3, "soar.team.rollout": 3,
     "soar.validation": 4, "soar.hydra_config": 4, "soar.rundata": 4, "soar.stage": 4, "soar.rl": 4,

@@ -263,7 +263,7 @@ class StudentConfig(PolicyConfig):
     group_size: int = 32
     """Samples per question; RLOO's leave-one-out baseline is taken within a group (paper: 32)."""
     reward: str = "shaped"
-    """Each rollout's reward (``soar.grading.STUDENT_REWARDS``): ``shaped``, the grader's (the paper's
+    """Each rollout's reward (``soar.student_rewards.STUDENT_REWARDS``): ``shaped``, the grader's (the paper's
     120/20/10/0); ``format_penalty``, 1 correct / 0 wrong / -0.2 for a missing or malformed box (the
     band-RL recipe, docs/band_rl.md)."""
     eval_every: int = 0

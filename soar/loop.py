@@ -34,21 +34,25 @@ from omegaconf import OmegaConf
 from soar.console import outer_step_line, progress_bar, train_summary_text
 from soar.diversity import DiversityMeter
 from soar.faults import maybe_die
-from soar.generation import make_generator
 from soar.grading import make_grader
 from soar.metrics_log import MetricsLogger
 from soar.models import load_model, model_context
-from soar.policy.scores import problem_scores
 from soar.policy.trainer import SyncError
 from soar.prepare import read_train_inputs, setup_train
-from soar.rewards import as_problems, make_teacher_reward, merge_group_metrics, student_tasks_per_step
+from soar.rewards import (
+    TEACHER_REWARDS,
+    GroupRecord,
+    as_problems,
+    make_reward_state,
+    merge_group_metrics,
+    student_tasks_per_step,
+)
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
 from soar.state import Checkpoints, LoopState, save_model_atomic
 from soar.step_dump import start_completions, write_step_dump
 from soar.students.promotion import PromotionPolicy
-from soar.students.stacked import StackedStudents
 from soar.teachers.sampling import RejectionCapError
 from soar.teachers.update import TeacherPolicy, dataset_advantages
 from soar.worlds.base import answer_oracle_hook
@@ -86,8 +90,8 @@ class Loop:
         self.grader = make_grader(cfg.data.grader)
         self.teacher = TeacherPolicy(cfg, copy.deepcopy(base_model), tokenizer, self.grader, self.template,
                                      model_context(base_model, cfg.model))
-        self.reward_fn = make_teacher_reward(cfg, tokenizer, self.grader, self.template)
-        self.eval_gen = make_generator(cfg, "eval", base_model, tokenizer)
+        self.reward_fn = TEACHER_REWARDS[cfg.teacher.reward].fn
+        self.reward_state = make_reward_state(cfg, tokenizer, self.grader, self.template)
         self.state = LoopState(inner_steps=cfg.student.max_steps)
         self.baseline = base_model
         if run.resume_from is not None:
@@ -104,14 +108,10 @@ class Loop:
 
     # ---- helpers ------------------------------------------------------------------------------
     def scores(self, problems, seed_label, metric: str) -> list[float]:
-        """The baseline's score per problem in ``metric`` (``soar.policy.scores.problem_scores``), in the
-        layout the students are scored in (the stacked students' own, when they are stacked)."""
+        """The baseline's score per problem in ``metric`` (``soar.policy.scores.REWARD_METRICS``), in the
+        layout the students are scored in (``score_baseline`` of the reward's student executor)."""
         seed = derive_seed(self.cfg.seed, "baseline_eval", seed_label)
-        students = getattr(self.reward_fn, "students", None)
-        if isinstance(students, StackedStudents):
-            return students.score(self.baseline, problems, metric, seed)
-        return problem_scores(metric, self.baseline, self.tokenizer, self.eval_gen, self.grader, problems, self.template,
-                              self.cfg.student, self.cfg.inner, seed)
+        return self.reward_state.scorer.score_baseline(self.baseline, problems, metric, seed)
 
     def baseline_scores(self, metric: str | None = None) -> list[float]:
         """The baseline's score on every hard-train problem in ``metric`` (default: the reward's),
@@ -148,8 +148,8 @@ class Loop:
             # batch-invariant.
             base_score = float(np.mean(self.scores(qr, f"qr{t}", cfg.inner.reward_metric)))
         with phase("rewards", t, times):  # 3. R_{k,j}
-            results = [self.reward_fn(ds, self.baseline, qr, base_score, t, gi, st.inner_steps, bar)
-                       for gi, ds in enumerate(datasets_JK)]
+            results = [self.reward_fn(GroupRecord(ds, self.baseline, qr, base_score, t, gi, st.inner_steps, bar),
+                                      self.reward_state) for gi, ds in enumerate(datasets_JK)]
         rewards_KR = np.concatenate([r.rewards_KR for r in results])
         m.update(merge_group_metrics([r.metrics for r in results]))
 
@@ -224,7 +224,7 @@ class Loop:
         try:
             self.checkpoints.close(raise_errors)
         finally:
-            self.reward_fn.close()
+            self.reward_state.close()
 
 
 def _model_cfg(cfg, path: str):

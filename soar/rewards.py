@@ -1,5 +1,6 @@
-"""The teacher's rewards (``teacher.reward``), one interface: a callable that scores the g datasets of
-one group, registered by name in ``TEACHER_REWARDS`` beside its implementation.
+"""The teacher's rewards (``teacher.reward``): pure functions of one group's record (``GroupRecord``) and the
+run's reward state (``RewardState``: the student executor or the base student's generator, built once),
+registered by name in ``TEACHER_REWARDS``, each returning the group's ``GroupRewards``.
 
 - ``grounded`` (SOAR, paper §1.2): r students per dataset, each a copy of the baseline trained
   K inner steps on it, evaluated on the step's reward questions Q_R;
@@ -7,8 +8,8 @@ one group, registered by name in ``TEACHER_REWARDS`` beside its implementation.
 - ``intrinsic`` (the paper's Intrinsic-T, App. B.4): no inner loop; per question the fixed base
   student's success rate s over ``teacher.intrinsic_samples`` samples at T=1, graded against the
   teacher's own answer; r_i = 0 if s = 0 else 1 - s; R_k = mean_i r_i. Variants published by
-  other self-play systems: ``intrinsic_4p1p`` 4s(1-s), ``intrinsic_min`` min(s, 1-s),
-  ``intrinsic_mixed`` 1 if 0 < s < 1.
+  other self-play systems (``QUESTION_REWARDS``): ``intrinsic_4p1p`` 4s(1-s), ``intrinsic_min``
+  min(s, 1-s), ``intrinsic_mixed`` 1 if 0 < s < 1.
 
 It brings the two roles together (students scoring the teacher's datasets), so it sits beside
 ``soar.teachers`` and ``soar.students``, which never import each other.
@@ -16,33 +17,67 @@ It brings the two roles together (students scoring the teacher's datasets), so i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
 from soar.data import Problem
 from soar.generation import correctness, make_generator
+from soar.policy.scores import BaselineScorer
 from soar.seeding import derive_seed
 from soar.students.pool import StudentTask, make_students
 from soar.students.trainer import StudentResult
 
-TEACHER_REWARDS: dict[str, type] = {}
-"""``teacher.reward`` -> the reward's class, built with ``(cfg, tokenizer, grader, template)``; its
-``trains_students`` says whether it trains students (and so whether there are any to promote). The
-loop, ``soar.validation`` and the ``${student_tasks:}`` resolver read it."""
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """What a teacher reward reads of one group of g datasets in one outer step."""
+
+    datasets_K: list[list[Problem]]
+    """The group's g datasets X_k."""
+    baseline: Any
+    """The current baseline: the students' starting point, the intrinsic rewards' base student."""
+    reward_questions: list[Problem]
+    """The step's Q_R."""
+    baseline_score: float
+    """The baseline's mean score on Q_R in ``inner.reward_metric``'s units (``soar.loop.Loop.scores``)."""
+    step: int
+    group: int
+    inner_steps: int
+    """K: RLOO steps of each student."""
+    progress: Any = None
+    """The outer loop's progress bar (a unit per student, or per dataset for a reward without students), or None."""
 
 
-def register_teacher_reward(name: str):
-    """Class decorator: ``teacher.reward=<name>`` builds this class."""
-    def register(reward_class: type) -> type:
-        TEACHER_REWARDS[name] = reward_class
-        return reward_class
-    return register
+@dataclass
+class RewardState:
+    """What the teacher rewards keep across steps, built once per run (``make_reward_state``) and closed by
+    the loop."""
+
+    cfg: Any
+    grader: Any
+    template: str
+    scorer: BaselineScorer
+    """Scores the baseline in the layout the students are scored in (``score_baseline``): the student
+    executor, else the default ``BaselineScorer``."""
+    students: Any = None
+    """The run's student executor (``soar.students.pool.make_students``), for a reward that trains students."""
+    generator: Any = None
+    """The base student's generator (the eval role's), for a reward that trains none."""
+
+    def close(self) -> None:
+        if self.students is not None:
+            self.students.close()
 
 
-def make_teacher_reward(cfg, tokenizer, grader, template: str):
-    """The reward ``teacher.reward`` names."""
-    return TEACHER_REWARDS[cfg.teacher.reward](cfg, tokenizer, grader, template)
+@dataclass(frozen=True)
+class TeacherReward:
+    fn: Callable[[GroupRecord, RewardState], GroupRewards]
+    """The group's rewards from its record and the run's reward state."""
+    trains_students: bool = False
+    """It trains students, so there are students to promote; its state holds a student executor."""
 
 
 def student_tasks_per_step(cfg) -> int:
@@ -85,100 +120,77 @@ def as_problems(rollouts, step: int, group: int, k: int) -> list[Problem]:
     return [Problem(f"t{step}/g{group}/d{k}/{i}", r.question, r.answer, "teacher") for i, r in enumerate(rollouts)]
 
 
-@register_teacher_reward("grounded")
-class GroundedReward:
-    """r students per dataset, trained by ``soar.students.pool`` (in-process, or a Ray worker pool)."""
-
-    trains_students = True
-
-    def __init__(self, cfg, tokenizer, grader, template: str):
-        self.cfg = cfg
-        self.students = make_students(cfg, tokenizer, grader, template)
-
-    def __call__(self, datasets_K: list[list[Problem]], baseline, reward_questions: list[Problem],
-                 base_score: float, step: int, group: int, inner_steps: int, progress=None) -> GroupRewards:
-        r = self.cfg.inner.replicates
-        tasks = [StudentTask(step, group, k, j, tuple(dataset), inner_steps)
-                 for k, dataset in enumerate(datasets_K) for j in range(r)]
-        flat = self.students.run(tasks, baseline, reward_questions, progress)
-        students_KR = [flat[k * r:(k + 1) * r] for k in range(len(datasets_K))]
-        rewards_KR = np.array([[s.accuracy["qr"] - base_score for s in row] for row in students_KR], dtype=float)
-        history = [h for row in students_KR for s in row for h in s.history]
-        metrics = {"student/inner_reward_mean": float(np.mean([h["student/reward_mean"] for h in history])),
-                   "student/inner_accuracy": float(np.mean([h["student/accuracy"] for h in history])),
-                   "student/inner_skipped_frac": float(np.mean([h["student/skipped_zero_adv"] for h in history])),
-                   "compute/student_steps": len(history),
-                   "compute/student_tokens": float(sum(h["student/completion_tokens_mean"] * h["student/rollouts"]
-                                                       for h in history)),
-                   "student/inner_completion_tokens_mean": float(np.mean([h["student/completion_tokens_mean"]
-                                                                          for h in history])),
-                   # the inner-loop learning curve: mean training reward at each inner step over the g*r students
-                   "student/inner_reward_by_step": np.mean([[h["student/reward_mean"] for h in s.history]
-                                                            for row in students_KR for s in row], axis=0).tolist()}
-        gaps = [h["student/sync_logprob_gap"] for h in history if "student/sync_logprob_gap" in h]
-        if gaps:  # students sampled by an engine: the worst weight-sync gap of the step
-            metrics["student/sync_logprob_gap_max"] = float(max(gaps))
-        return GroupRewards(rewards_KR, students_KR, metrics)
-
-    def close(self) -> None:
-        self.students.close()
+def grounded(record: GroupRecord, state: RewardState) -> GroupRewards:
+    """r students per dataset, trained by the run's student executor (``soar.students.pool.make_students``)."""
+    r = state.cfg.inner.replicates
+    tasks = [StudentTask(record.step, record.group, k, j, tuple(dataset), record.inner_steps)
+             for k, dataset in enumerate(record.datasets_K) for j in range(r)]
+    flat = state.students.run(tasks, record.baseline, record.reward_questions, record.progress)
+    students_KR = [flat[k * r:(k + 1) * r] for k in range(len(record.datasets_K))]
+    rewards_KR = np.array([[s.accuracy["qr"] - record.baseline_score for s in row] for row in students_KR], dtype=float)
+    history = [h for row in students_KR for s in row for h in s.history]
+    metrics = {"student/inner_reward_mean": float(np.mean([h["student/reward_mean"] for h in history])),
+               "student/inner_accuracy": float(np.mean([h["student/accuracy"] for h in history])),
+               "student/inner_skipped_frac": float(np.mean([h["student/skipped_zero_adv"] for h in history])),
+               "compute/student_steps": len(history),
+               "compute/student_tokens": float(sum(h["student/completion_tokens_mean"] * h["student/rollouts"]
+                                                   for h in history)),
+               "student/inner_completion_tokens_mean": float(np.mean([h["student/completion_tokens_mean"]
+                                                                      for h in history])),
+               # the inner-loop learning curve: mean training reward at each inner step over the g*r students
+               "student/inner_reward_by_step": np.mean([[h["student/reward_mean"] for h in s.history]
+                                                        for row in students_KR for s in row], axis=0).tolist()}
+    gaps = [h["student/sync_logprob_gap"] for h in history if "student/sync_logprob_gap" in h]
+    if gaps:  # students sampled by an engine: the worst weight-sync gap of the step
+        metrics["student/sync_logprob_gap_max"] = float(max(gaps))
+    return GroupRewards(rewards_KR, students_KR, metrics)
 
 
-@register_teacher_reward("intrinsic")
-class IntrinsicReward:
+def success_rates(record: GroupRecord, state: RewardState, k: int) -> list[float]:
+    """Per question of dataset k, the base student's success rate over ``teacher.intrinsic_samples`` samples at
+    T=1 (``state.generator``, synced to the baseline)."""
+    cfg = state.cfg
+    return correctness(state.generator, state.grader, record.datasets_K[k], state.template, cfg.student.max_tokens,
+                       tuple(cfg.student.stop), cfg.teacher.intrinsic_samples,
+                       derive_seed(cfg.seed, "intrinsic", record.step, record.group, k))
+
+
+def intrinsic(record: GroupRecord, state: RewardState, question_reward: Callable[[float], float]) -> GroupRewards:
     """No inner loop: R_k is the mean over dataset k's questions of ``question_reward(s)``, s the fixed base
-    student's success rate on the question. The paper's Intrinsic-T: 0 if s = 0 else 1 - s."""
-
-    trains_students = False
-
-    @staticmethod
-    def question_reward(s: float) -> float:
-        return 0.0 if s == 0 else 1.0 - s
-
-    def __init__(self, cfg, tokenizer, grader, template: str):
-        self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
-        self.eval_gen = make_generator(cfg, "eval", None, tokenizer)
-
-    def __call__(self, datasets_K, baseline, reward_questions, base_score, step, group, inner_steps,
-                 progress=None) -> GroupRewards:
-        cfg, gen = self.cfg, self.eval_gen
-        gen.sync_weights(baseline)
-        rewards_K, rates = [], []
-        for k, dataset in enumerate(datasets_K):
-            s = correctness(gen, self.grader, dataset, self.template, cfg.student.max_tokens, tuple(cfg.student.stop),
-                            cfg.teacher.intrinsic_samples, derive_seed(cfg.seed, "intrinsic", step, group, k))
-            rates += s
-            rewards_K.append(float(np.mean([self.question_reward(x) for x in s])))
-            if progress is not None:
-                progress.update(1)
-        return GroupRewards(np.array(rewards_K)[:, None], [], {"teacher/intrinsic_success_rate": float(np.mean(rates))})
-
-    def close(self) -> None:
-        pass
+    student's success rate on the question (``success_rates``)."""
+    rewards_K, rates = [], []
+    state.generator.sync_weights(record.baseline)
+    for k in range(len(record.datasets_K)):
+        s = success_rates(record, state, k)
+        rates += s
+        rewards_K.append(float(np.mean([question_reward(x) for x in s])))
+        if record.progress is not None:
+            record.progress.update(1)
+    return GroupRewards(np.array(rewards_K)[:, None], [], {"teacher/intrinsic_success_rate": float(np.mean(rates))})
 
 
-@register_teacher_reward("intrinsic_4p1p")
-class FourSOneMinusSReward(IntrinsicReward):
-    """4s(1-s): largest at s = 1/2."""
+QUESTION_REWARDS: dict[str, Callable[[float], float]] = {
+    "intrinsic": lambda s: 0.0 if s == 0 else 1.0 - s,  # the paper's Intrinsic-T: nothing for the unsolvable
+    "intrinsic_4p1p": lambda s: 4.0 * s * (1.0 - s),  # largest at s = 1/2
+    "intrinsic_min": lambda s: min(s, 1.0 - s),
+    "intrinsic_mixed": lambda s: float(0.0 < s < 1.0),  # sometimes right and sometimes wrong
+}
+"""The intrinsic rewards by name: a question's reward from the base student's success rate s on it."""
 
-    @staticmethod
-    def question_reward(s: float) -> float:
-        return 4.0 * s * (1.0 - s)
+TEACHER_REWARDS: dict[str, TeacherReward] = {
+    "grounded": TeacherReward(grounded, trains_students=True),
+    **{name: TeacherReward(functools.partial(intrinsic, question_reward=fn)) for name, fn in QUESTION_REWARDS.items()},
+}
+"""``teacher.reward`` -> its function of (``GroupRecord``, ``RewardState``) and whether it trains students (and
+so whether there are any to promote). The loop, ``soar.validation`` and the ``${student_tasks:}`` resolver
+read it."""
 
 
-@register_teacher_reward("intrinsic_min")
-class MinReward(IntrinsicReward):
-    """min(s, 1-s)."""
-
-    @staticmethod
-    def question_reward(s: float) -> float:
-        return min(s, 1.0 - s)
-
-
-@register_teacher_reward("intrinsic_mixed")
-class MixedReward(IntrinsicReward):
-    """1 if the student is sometimes right and sometimes wrong (0 < s < 1)."""
-
-    @staticmethod
-    def question_reward(s: float) -> float:
-        return float(0.0 < s < 1.0)
+def make_reward_state(cfg, tokenizer, grader, template: str) -> RewardState:
+    """The state ``teacher.reward`` keeps: the run's student executor (which also scores the baseline) for a
+    reward that trains students, else the base student's generator beside the default baseline scorer."""
+    if TEACHER_REWARDS[cfg.teacher.reward].trains_students:
+        students = make_students(cfg, tokenizer, grader, template)
+        return RewardState(cfg, grader, template, scorer=students, students=students)
+    return RewardState(cfg, grader, template, scorer=BaselineScorer(cfg, tokenizer, grader, template),
+                       generator=make_generator(cfg, "eval", None, tokenizer))

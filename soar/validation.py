@@ -1,5 +1,5 @@
 """Checking a composed config against the stage that reads it, before any heavy work: sizes, paths,
-names (each read from its registry: ``soar.grading.GRADERS`` and ``STUDENT_REWARDS``,
+names (each read from its registry: ``soar.grading.GRADERS``, ``soar.student_rewards.STUDENT_REWARDS``,
 ``soar.rewards.TEACHER_REWARDS``, ``soar.policy.scores.REWARD_METRICS``) and whether the student pool
 fits this machine's cores, memory (``/proc/meminfo``, through ``soar.machine.available_ram_gb``)
 and GPUs. A problem is a ``ConfigError`` naming the field.
@@ -23,12 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from soar import machine  # machine.available_ram_gb looked up per call (tests patch it)
 from soar.config import BACKEND_ROLES, BANDS, KV_CACHE_ENV, PRECISIONS, ConfigError
-from soar.grading import GRADERS, STUDENT_REWARDS
+from soar.grading import GRADERS
 from soar.hydra_config import conf_dir
 from soar.memory_plan import RAY_RAM_GB, worker_ram_gb
 from soar.policy.scores import REWARD_METRICS
 from soar.resolve import load_callable
 from soar.rewards import TEACHER_REWARDS, student_tasks_per_step
+from soar.student_rewards import STUDENT_REWARDS
 
 log = logging.getLogger("soar.validation")
 
@@ -230,7 +231,7 @@ def _validate_inner(cfg, stage: str) -> None:
         fail("inner.accuracy_samples" if inner.accuracy_samples < 0 else "inner.steps_per_promotion", "must be >= 0")
     if inner.reward_metric not in REWARD_METRICS:
         fail("inner.reward_metric", f"{inner.reward_metric!r} is not one of {tuple(REWARD_METRICS)}")
-    if REWARD_METRICS[inner.reward_metric].uses_gold and "{answer}" not in inner.gold_completion:
+    if REWARD_METRICS[inner.reward_metric].reads_gold and "{answer}" not in inner.gold_completion:
         fail("inner.gold_completion", f"{inner.gold_completion!r} has no {{answer}} slot")
 
 

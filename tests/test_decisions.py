@@ -6,7 +6,7 @@ import pytest
 
 from soar.diversity import mean_pairwise_cosine_distance, vendi_score
 from soar.generation import Sample, SamplingParams
-from soar.rewards import TEACHER_REWARDS
+from soar.rewards import QUESTION_REWARDS, TEACHER_REWARDS
 from soar.students.promotion import PromotionPolicy, median_replicate
 from soar.teachers.parse import Pair, Reject, parse_pair
 from soar.teachers.sampling import RejectionCapError, sample_valid
@@ -80,7 +80,7 @@ def test_disabled_promotion_still_reports_the_moving_average():
 
 def test_intrinsic_rewards():
     def question_reward(s, kind):
-        return TEACHER_REWARDS[kind].question_reward(s)
+        return QUESTION_REWARDS[kind](s)
 
     assert question_reward(0.0, "intrinsic") == 0.0  # unsolvable: no reward (paper Eq. 8)
     assert question_reward(0.25, "intrinsic") == 0.75
@@ -88,6 +88,44 @@ def test_intrinsic_rewards():
     assert question_reward(0.5, "intrinsic_4p1p") == 1.0
     assert question_reward(0.75, "intrinsic_min") == 0.25
     assert [question_reward(s, "intrinsic_mixed") for s in (0.0, 0.3, 1.0)] == [0.0, 1.0, 0.0]
+
+
+class RightOnCue:
+    """Stands in for the base student (no model: fixed answers, to pin the reward's arithmetic): a question
+    "<c> of <n>" gets ``c`` right answers of its ``n`` samples."""
+
+    def __init__(self):
+        self.synced = []
+
+    def sync_weights(self, model):
+        self.synced.append(model)
+
+    def generate(self, prompts, params: SamplingParams):
+        right = [int(p.split()[0]) for p in prompts]
+        return [[Sample("\\boxed{7}" if i < c else "\\boxed{0}", [1], "stop") for i in range(params.n)] for c in right]
+
+
+@pytest.mark.parametrize("name, rewards_K", [("intrinsic", [0.25, 0.0]), ("intrinsic_4p1p", [0.5, 0.0]),
+                                             ("intrinsic_min", [0.25, 0.0]), ("intrinsic_mixed", [0.5, 0.0])])
+def test_intrinsic_rewards_are_functions_of_one_group_record(name, rewards_K):
+    """R_k = the mean of ``QUESTION_REWARDS[name](s)`` over dataset k, s the base student's success rate on each
+    question (0, 1/2 and 1 here); the generator is synced to the record's baseline once per group."""
+    from omegaconf import OmegaConf
+
+    from soar.data import Problem
+    from soar.grading import make_grader
+    from soar.rewards import GroupRecord, RewardState
+
+    cfg = OmegaConf.create({"seed": 0, "student": {"max_tokens": 8, "stop": []}, "teacher": {"intrinsic_samples": 4}})
+    state = RewardState(cfg, make_grader("integer"), "{question}", scorer=None, generator=RightOnCue())
+    datasets_K = [[Problem("a", "0 of 4", "7"), Problem("b", "2 of 4", "7")], [Problem("c", "4 of 4", "7")]]
+    progress = []
+    bar = type("Bar", (), {"update": lambda self, n: progress.append(n)})()
+    baseline = object()
+    out = TEACHER_REWARDS[name].fn(GroupRecord(datasets_K, baseline, [], 0.0, 3, 1, 2, bar), state)
+    assert out.rewards_KR.tolist() == [[r] for r in rewards_K] and out.students_KR == []
+    assert out.metrics == {"teacher/intrinsic_success_rate": 0.5}
+    assert state.generator.synced == [baseline] and progress == [1, 1]  # one unit per dataset
 
 
 def test_teacher_reward_registry():

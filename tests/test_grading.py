@@ -27,6 +27,7 @@ from soar.grading import (
     make_grader,
     normalize_answer,
 )
+from soar.student_rewards import STUDENT_REWARDS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -358,8 +359,8 @@ def test_unknown_grader_lists_registered():
 ])
 def test_format_penalty_reward(ig, pred, reward):
     grade = ig.grade(pred, "579")
-    assert G.STUDENT_REWARDS["format_penalty"](grade) == reward
-    assert G.STUDENT_REWARDS["shaped"](grade) == grade.reward  # the registry's other entry: the paper's 120/20/10/0
+    assert STUDENT_REWARDS["format_penalty"](grade) == reward
+    assert STUDENT_REWARDS["shaped"](grade) == grade.reward  # the registry's other entry: the paper's 120/20/10/0
 
 
 def test_rollout_rewards_follow_student_reward(ig):

@@ -36,10 +36,11 @@ def world(tiny_model_dir):
 
 
 def rewards_for(world, workers: int, env: dict | None = None, step: int = 0):
-    """One group's GroundedReward on ``workers`` pool workers (0: in-process, 1 torch thread)."""
+    """One group's ``grounded`` reward on ``workers`` pool workers (0: in-process, 1 torch thread): its
+    state (``RewardState``, whose ``students`` is the executor) and the group's rewards."""
     from omegaconf import OmegaConf
 
-    from soar.rewards import GroundedReward
+    from soar.rewards import GroupRecord, grounded, make_reward_state
 
     cfg, tok, base, grader, datasets, qr = world
     cfg = OmegaConf.merge(cfg, {"resources": {"num_workers": workers}})
@@ -47,9 +48,9 @@ def rewards_for(world, workers: int, env: dict | None = None, step: int = 0):
     os.environ.update(env or {})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    reward = GroundedReward(cfg, tok, grader, cfg.data.prompt_template)
+    reward = make_reward_state(cfg, tok, grader, cfg.data.prompt_template)
     try:
-        return reward, reward(datasets, base, qr, 0.25, step, 0, cfg.student.max_steps)
+        return reward, grounded(GroupRecord(datasets, base, qr, 0.25, step, 0, cfg.student.max_steps), reward)
     except BaseException:
         reward.close()
         raise

@@ -20,17 +20,41 @@ def tiny(tiny_model_dir):
     return load_model(mcfg), load_tokenizer(mcfg)
 
 
+def test_each_reward_metric_reads_only_what_it_declares():
+    """A metric is a function of what a scorer measures: ``accuracy`` the graded answers, the gold metrics the
+    gold log-probabilities (``gold_prob`` their exp, in the log-probs' own arithmetic); reading the other is an
+    error here, so ``reads_gold`` (what validation checks) is what each metric does."""
+    import torch
+
+    from soar.policy.scores import REWARD_METRICS, Measures, score
+
+    def unread():
+        raise AssertionError("read what the metric does not declare")
+
+    def measures(reads_gold, logprobs):
+        return Measures(unread, lambda: logprobs) if reads_gold else Measures(lambda: [1.0, 0.0], unread)
+
+    expected = {"accuracy": [1.0, 0.0], "gold_prob": [1.0, float(np.exp(-1.0))], "gold_logprob": [0.0, -1.0]}
+    assert set(REWARD_METRICS) == set(expected)
+    for name, metric in REWARD_METRICS.items():
+        assert score(name, measures(metric.reads_gold, [0.0, -1.0])) == expected[name]
+        if metric.bounded:  # scores in [0, 1] whatever the log-probs
+            assert all(0 <= x <= 1 for x in score(name, measures(metric.reads_gold, [-50.0, 0.0])))
+    logprobs_SM = torch.tensor([[0.0, -1.0]])  # a stack's measures: float32, one row per student
+    assert score("gold_prob", Measures(unread, lambda: logprobs_SM)) == logprobs_SM.exp().tolist()
+
+
 @pytest.mark.slow
 def test_gold_prob_is_the_sampled_frequency_of_the_gold_answer(tiny):
     """exp(log p(gold)) equals how often T=1 samples begin with exactly ``\\boxed{gold}`` (within
     4 binomial standard errors over 2000 samples), for problems of 0-3 carries."""
     from soar.generation import HFGenerator, SamplingParams
-    from soar.policy.scores import gold_scores
+    from soar.policy.scores import gold_measures, score
     from soar.worlds.arith import generate_problems
 
     model, tok = tiny
     problems = [generate_problems(3, c, 1, seed=40 + c, prefix="g")[0] for c in range(4)]
-    probs = gold_scores(model, tok, problems, ARITH_TEMPLATE, "gold_prob", "\\boxed{{answer}}")
+    probs = score("gold_prob", gold_measures(model, tok, problems, ARITH_TEMPLATE, "\\boxed{{answer}}", None))
     n = 2000
     outs = HFGenerator(model, tok, batch_size=2000).generate(
         [ARITH_TEMPLATE.replace("{question}", p.question) for p in problems],

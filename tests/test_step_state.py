@@ -63,17 +63,19 @@ def test_groups_metrics_are_merged_not_overwritten():
 
 def test_two_groups_per_step_report_both_groups(tiny_model_dir, tmp_path, monkeypatch):
     """The loop's metrics with 2 groups: the mean of what each group's reward reported."""
-    from soar.rewards import GroundedReward, merge_group_metrics
+    from dataclasses import replace
+
+    from soar.rewards import TEACHER_REWARDS, merge_group_metrics
 
     seen = []
-    call = GroundedReward.__call__
+    grounded = TEACHER_REWARDS["grounded"]
 
-    def spy(self, *args, **kwargs):
-        out = call(self, *args, **kwargs)
+    def spy(record, state):
+        out = grounded.fn(record, state)
         seen.append(dict(out.metrics))
         return out
 
-    monkeypatch.setattr(GroundedReward, "__call__", spy)
+    monkeypatch.setitem(TEACHER_REWARDS, "grounded", replace(grounded, fn=spy))
     from soar.worlds.arith import generate_problems
 
     hard = tmp_path / "hard.jsonl"  # given, so the run builds no hard set

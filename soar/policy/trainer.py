@@ -26,7 +26,6 @@ import torch
 
 from soar.data import render_prompt
 from soar.generation import HFGenerator, SamplingParams, correctness
-from soar.grading import STUDENT_REWARDS
 from soar.models import export_policy, save_policy
 from soar.policy.distill import Distillation
 from soar.policy.rloo import (
@@ -38,8 +37,9 @@ from soar.policy.rloo import (
     token_logprobs,
     weighted_rloo_loss,
 )
-from soar.policy.scores import REWARD_METRICS, gold_scores
+from soar.policy.scores import gold_measures, score
 from soar.seeding import derive_seed
+from soar.student_rewards import STUDENT_REWARDS
 from soar.tokens import encode_prompts
 
 
@@ -76,7 +76,7 @@ def rollout_metrics(samples_QG, grades, rewards_QG, correct_QG, adv_QG) -> dict:
 
 def grade_rollouts(grader, problems, samples_QG, reward: str = "shaped") -> tuple[list, torch.Tensor, torch.Tensor,
                                                                                     torch.Tensor]:
-    """Grades, rewards (Q, G) by ``reward`` (``soar.grading.STUDENT_REWARDS``), correctness (Q, G) and RLOO
+    """Grades, rewards (Q, G) by ``reward`` (``soar.student_rewards.STUDENT_REWARDS``), correctness (Q, G) and RLOO
     advantages (Q, G) of one step's rollouts."""
     group_size = len(samples_QG[0])
     grades = grader.grade_batch([s.text for group in samples_QG for s in group],
@@ -365,19 +365,16 @@ class RLOOTrainer(Distillation):
     def evaluate(self, problems, max_tokens: int | None = None, samples: int = 0, seed: int = 0, generator=None,
                  metric: str = "accuracy", gold_completion: str = "", temperature: float = 1.0) -> list[float]:
         """Per problem: correctness (``metric`` accuracy: greedy, or mean over ``samples`` samples at
-        ``temperature``) or a gold metric's score (``gold_scores``), cached per model version;
+        ``temperature``) or a gold metric's score (``soar.policy.scores.REWARD_METRICS``), cached per model version;
         ``generator`` (the eval role's) serves the current weights, else the rollout generator."""
         key_src = "\x00".join(f"{p.id}\x01{p.question}\x01{p.answer}" for p in problems)
         settings = f"{max_tokens}\x02{samples}\x02{seed}\x02{temperature}\x02{metric}{gold_completion}"
         key = (self.version, hashlib.sha256(f"{settings}\x02{key_src}".encode()).hexdigest())
         if key not in self._eval_cache:
-            if REWARD_METRICS[metric].uses_gold:
-                self._eval_cache[key] = gold_scores(self.model, self.tokenizer, problems, self.template, metric,
-                                                    gold_completion)
-            else:
-                self._eval_cache[key] = correctness(self.sampler(generator), self.grader, problems, self.template,
-                                                    max_tokens or self.cfg.max_tokens, tuple(self.cfg.stop), samples, seed,
-                                                    temperature)
+            self._eval_cache[key] = score(metric, gold_measures(
+                self.model, self.tokenizer, problems, self.template, gold_completion,
+                lambda: correctness(self.sampler(generator), self.grader, problems, self.template,
+                                    max_tokens or self.cfg.max_tokens, tuple(self.cfg.stop), samples, seed, temperature)))
         return self._eval_cache[key]
 
     # ---- state --------------------------------------------------------------------------------

@@ -17,26 +17,23 @@ runs with one ``generate`` per student.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 
-import numpy as np
-
-from soar.faults import maybe_die
 from soar.generation import correctness_request, generate_many, grade_correctness, make_generator
-from soar.policy.scores import REWARD_METRICS, gold_scores
+from soar.policy.scores import Measures, gold_logprobs, score
 from soar.policy.trainer import RLOOTrainer
 from soar.seeding import derive_seed
+from soar.students.executor import StudentExecutor
 from soar.students.trainer import StudentResult, batch_indices, sharing_copy
 
 _BASELINES = itertools.count()
 
 
-class LockstepStudents:
+class LockstepStudents(StudentExecutor):
     """A student executor (see ``soar.students.pool.make_students``) that batches generation across students."""
 
     def __init__(self, cfg, tokenizer, grader, template: str):
-        self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
+        super().__init__(cfg, tokenizer, grader, template)
         self.baseline, self.base_key = None, None
         self.live: list = []  # this step's generators; their adapters leave the engine at the next step
 
@@ -72,29 +69,23 @@ class LockstepStudents:
                 histories[i].append(trainers[i].step(batches[i], samples_QG, share).metrics)
 
         # Q_R: every student's evaluation in one call, each with its own seed (as ``train_student``)
-        if REWARD_METRICS[cfg.inner.reward_metric].uses_gold:  # one forward pass per student, nothing to generate
-            correct_S = [gold_scores(t.model, self.tokenizer, reward_questions, self.template, cfg.inner.reward_metric,
-                                     cfg.inner.gold_completion) for t in trainers]
-        else:
-            eval_gens = self.generators("eval", len(tasks))
+        def correctness_SM():
             requests = []
-            for trainer, seed, gen in zip(trainers, seeds, eval_gens):
+            for trainer, seed, gen in zip(trainers, seeds, self.generators("eval", len(tasks))):
                 gen.sync_weights(trainer.model)
                 requests.append((gen, *correctness_request(reward_questions, self.template, cfg.student.eval_max_tokens or
                                                            cfg.student.max_tokens, tuple(cfg.student.stop),
                                                            cfg.inner.accuracy_samples, derive_seed(seed, "eval"))))
-            correct_S = [grade_correctness(self.grader, reward_questions, outs) for outs in generate_many(requests)]
-        results = []
+            return [grade_correctness(self.grader, reward_questions, outs) for outs in generate_many(requests)]
+
+        def gold_logprobs_SM():  # one forward pass per student, nothing to generate
+            return [gold_logprobs(t.model, self.tokenizer, reward_questions, self.template, cfg.inner.gold_completion)
+                    for t in trainers]
+
+        scores_S = score(cfg.inner.reward_metric, Measures(correctness_SM, gold_logprobs_SM))
         for trainer in trainers:  # trained and scored: the policies are all the step needs from here on
             trainer.keep_policy_only()
-        for task, trainer, history, correct_qr in zip(tasks, trainers, histories, correct_S):
-            correct = {"qr": correct_qr}
-            results.append(StudentResult(correct, {"qr": float(np.mean(correct["qr"]))}, history, trainer,
-                                         {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}))
-            maybe_die("student", task.step)
-        if progress is not None:  # trained together, finished together: one update (its ETA counts them all)
-            progress.update(len(tasks))
-        return results
+        return self.finish(tasks, scores_S, histories, trainers, progress=progress)
 
     def close(self) -> None:
         for gen in self.live:

@@ -36,13 +36,12 @@ from omegaconf import OmegaConf
 from soar.faults import maybe_die
 from soar.generation import make_generator
 from soar.grading import make_grader
-from soar.models import export_policy, save_policy
 from soar.seeding import derive_seed
 from soar.students import trainer  # trainer.train_student looked up per call (benchmarks/outer_step.py times it)
+from soar.students.executor import StudentExecutor, StudentHandle
 from soar.students.lockstep import LockstepStudents
 from soar.students.promotion import promotion_candidates
 from soar.students.stacked import StackedStudents
-from soar.students.trainer import StudentResult
 
 # ray is imported inside the worker and pool methods: a run without a pool (resources.num_workers=0)
 # never starts or imports Ray.
@@ -123,7 +122,7 @@ class StudentRunner:
                                      cfg.inner.reward_metric, cfg.inner.gold_completion)
 
 
-class InProcessStudents:
+class InProcessStudents(StudentExecutor):
     """``resources.num_workers=0``: every student in this process, one after another. Of the trained
     students only those that may still be promoted or dumped keep their policy
     (``promotion_candidates``: the running best dataset's median replicate and the dataset in
@@ -131,6 +130,7 @@ class InProcessStudents:
     their scores and history (``trainer`` None)."""
 
     def __init__(self, runner: StudentRunner):
+        super().__init__(runner.cfg, runner.tokenizer, runner.grader, runner.template)
         self.runner = runner
 
     def run(self, tasks: list[StudentTask], baseline, reward_questions, progress=None) -> list:
@@ -138,18 +138,12 @@ class InProcessStudents:
         for task in tasks:
             res = self.runner.run(baseline, task, reward_questions)
             res.trainer.keep_policy_only()  # before the next student: one model copy kept per student, not ~4
-            res.worker = {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}
-            maybe_die("student", task.step)
-            out.append(res)
+            out += self.finish([task], [res.correct["qr"]], [res.history], [res.trainer], progress=progress)
+            del res  # its trainer lives on in the result only, where drop_unpromotable may free it
             drop_unpromotable(tasks, out)
             for gen in (self.runner.rollout_gen, self.runner.eval_gen):
                 gen.sync_weights(None)  # let go of this student: a kept one is synced again when used
-            if progress is not None:
-                progress.update(1)
         return out
-
-    def close(self) -> None:
-        pass
 
 
 def drop_unpromotable(tasks: list[StudentTask], results: list) -> None:
@@ -197,7 +191,7 @@ class StudentWorker:
         res = self.runner.run(self.baseline, task, reward_questions)
         maybe_die("pool_student", ":".join(map(str, task.key)))  # the result is lost with the worker
         self.kept[task.key] = res.trainer.model
-        return {"correct": res.correct, "accuracy": res.accuracy, "history": res.history,
+        return {"correct": res.correct, "history": res.history,
                 "grading": self.runner.grader.stats, **self.where}
 
     def generate(self, key, prompts, params):
@@ -209,7 +203,7 @@ class StudentWorker:
         return self.kept[key]
 
 
-class RemoteStudent:
+class RemoteStudent(StudentHandle):
     """Stands in for a trained student's ``RLOOTrainer`` while the student lives in a pool worker."""
 
     generates_in_worker = True
@@ -238,20 +232,15 @@ class RemoteStudent:
     def generate(self, prompts, params):
         return self.pool.call_kept(self.key, "generate", prompts, params)
 
-    def export_model(self):
-        return export_policy(self.policy())
 
-    def save_pretrained(self, out_dir) -> None:
-        save_policy(self.policy(), self.tokenizer, out_dir)
-
-
-class StudentPool:
+class StudentPool(StudentExecutor):
     """W persistent ``StudentWorker`` actors; ``run`` trains a step's students on them."""
 
     def __init__(self, cfg, tokenizer, grader):
         import ray
 
-        self.res, self.tokenizer, self.grader = cfg.resources, tokenizer, grader  # grader: where stats add up
+        super().__init__(cfg, tokenizer, grader, cfg.data.prompt_template)  # grader: where the workers' stats add up
+        self.res = cfg.resources
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:  # "local": a bare ray.init() would join any cluster running on this machine
             local = {"include_dashboard": False} if self.res.ray_address is None else {}
@@ -342,12 +331,9 @@ class StudentPool:
             self.grader.stats.add(out["grading"])
             where = {"pid": out["pid"], "node_id": out["node_id"], "worker": slot,
                      "attempts": failures.get(task.key, 0) + 1}
-            results[i] = StudentResult(out["correct"], out["accuracy"], out["history"],
-                                       RemoteStudent(self, task.key, self.tokenizer), where)
             self.kept_at[task.key] = (slot, self.generation[slot], task, qr_ref)
-            maybe_die("student", task.step)
-            if progress is not None:
-                progress.update(1)
+            [results[i]] = self.finish([task], [out["correct"]["qr"]], [out["history"]],
+                                       [RemoteStudent(self, task.key, self.tokenizer)], [where], progress)
         return results
 
     def call_kept(self, key, method: str, *args):

@@ -23,24 +23,21 @@ samples of L tokens (32 x 1024: 10^9), where the world's answers are a few token
 from __future__ import annotations
 
 import copy
-import os
 import time
 import warnings
 
-import numpy as np
 import torch
 from torch.optim.adamw import adamw
 
 from soar.data import render_prompt
-from soar.faults import maybe_die
 from soar.generation import HFGenerator, SamplingParams, finish_sample, grade_correctness
-from soar.models import export_policy, save_policy
 from soar.policy.rloo import weighted_rloo_loss
-from soar.policy.scores import REWARD_METRICS, gold_completion_ids
+from soar.policy.scores import Measures, gold_completion_ids, score
 from soar.policy.trainer import MasterWeights, cosine_schedule, grade_rollouts, non_finite_loss, rollout_metrics
 from soar.samples import sampling_uniforms
 from soar.seeding import derive_seed
 from soar.stacked_llama import CompletionTree, StackedLlama
+from soar.students.executor import StudentExecutor, StudentHandle
 from soar.students.trainer import StudentResult, batch_indices
 from soar.tokens import encode_prompts, stop_token_ids
 
@@ -95,7 +92,7 @@ def inner_nodes(completions: list[list[int]]) -> int:
     return len({tuple(c[:i]) for c in completions for i in range(1, len(c))})
 
 
-class StackedStudent:
+class StackedStudent(StudentHandle):
     """A trained student of the stack, standing in for its ``RLOOTrainer`` (as the Ray pool's
     ``RemoteStudent`` does): ``model``, ``sampler``, ``export_model`` and ``save_pretrained`` read its
     weights, copied into a model of the baseline's architecture on first use."""
@@ -115,11 +112,8 @@ class StackedStudent:
         generator.sync_weights(self.model)
         return generator
 
-    def export_model(self):
-        return export_policy(self.model)
-
-    def save_pretrained(self, out_dir) -> None:
-        save_policy(self.model, self.tokenizer, out_dir)
+    def policy(self):
+        return self.model
 
     def keep_policy_only(self) -> None:
         pass
@@ -172,15 +166,16 @@ class StackedOptimizer:
             self.master.remove()
 
 
-class StackedStudents:
-    """``resources.batched``: ``run`` trains a step's student tasks as one stacked model."""
+class StackedStudents(StudentExecutor):
+    """``resources.batched``: ``run`` trains a step's student tasks as one stacked model, and
+    ``score_baseline`` scores the baseline in the stack's layout."""
 
     tree_chunks = 2
     """Each inner step's training pass runs in at least this many chunks of questions, grouped by the size
     of their completion trees (``tree_chunks``), so trees padded to one size waste little."""
 
     def __init__(self, cfg, tokenizer, grader, template: str):
-        self.cfg, self.tokenizer, self.grader, self.template = cfg, tokenizer, grader, template
+        super().__init__(cfg, tokenizer, grader, template)
         self.baseline = None
 
     def run(self, tasks, baseline, reward_questions, progress=None) -> list[StudentResult]:
@@ -227,15 +222,9 @@ class StackedStudents:
         optimizer.close()
         scores = self._score(stack, [derive_seed(seed, "eval") for seed in seeds], reward_questions,
                              self.cfg.inner.reward_metric, stop_token_ids(self.tokenizer, baseline))
-        results = []
-        for s, task in enumerate(tasks):
-            results.append(StudentResult({"qr": scores[s]}, {"qr": float(np.mean(scores[s]))}, histories[s],
-                                         StackedStudent(stack, s, baseline, self.tokenizer, self.cfg.backend.batch_size),
-                                         {"pid": os.getpid(), "node_id": None, "worker": None, "attempts": 1}))
-            maybe_die("student", task.step)
-        if progress is not None:  # trained together, finished together: one update (its ETA counts them all)
-            progress.update(len(tasks))
-        return results
+        students = [StackedStudent(stack, s, baseline, self.tokenizer, self.cfg.backend.batch_size)
+                    for s in range(len(tasks))]
+        return self.finish(tasks, scores, histories, students, progress=progress)
 
     # ---- pieces of one inner step ---------------------------------------------------------------
     def _prompts(self, batches, device):
@@ -313,7 +302,7 @@ class StackedStudents:
             o["pg_loss"], o["kl"] = (0.0, 0.0) if o["skipped"] else (o["pg_loss"], o["kl_sum"] / max(o["tokens"], 1))
         return out
 
-    def score(self, model, problems, metric: str, seed: int) -> list[float]:
+    def score_baseline(self, model, problems, metric: str, seed: int) -> list[float]:
         """``model``'s score per problem in ``metric`` (``problem_scores``'s units, seeded ``seed`` when
         sampled) in the stacked students' layout: a one-copy stack computes exactly what each copy of a
         larger one does, so a student that did not move scores exactly as its baseline."""
@@ -328,24 +317,28 @@ class StackedStudents:
         prompt_ids, prompt_mask = pad_left(prompts, self.tokenizer.pad_token_id)
         prompt_ids = prompt_ids[None].expand(S, -1, -1).to(device)
         prompt_mask = prompt_mask[None].expand(S, -1, -1).to(device)
-        with torch.no_grad():
-            if REWARD_METRICS[metric].uses_gold:
-                gold, mask = pad_right(gold_completion_ids(self.tokenizer, problems, cfg.inner.gold_completion),
-                                       self.tokenizer.pad_token_id)
-                gold = gold[None, :, None].expand(S, -1, -1, -1).to(device)
-                logp = stack.completion_logprobs(stack.params, stack.prefill(stack.params, prompt_ids, prompt_mask), gold,
-                                                 1.0)
-                logp_SM = (logp[:, :, 0] * mask.to(device)).sum(-1)
-                return (logp_SM.exp() if REWARD_METRICS[metric].probability else logp_SM).tolist()
+
+        @torch.no_grad()
+        def gold_logprobs_SM():
+            gold, mask = pad_right(gold_completion_ids(self.tokenizer, problems, cfg.inner.gold_completion),
+                                   self.tokenizer.pad_token_id)
+            gold = gold[None, :, None].expand(S, -1, -1, -1).to(device)
+            logp = stack.completion_logprobs(stack.params, stack.prefill(stack.params, prompt_ids, prompt_mask), gold, 1.0)
+            return (logp[:, :, 0] * mask.to(device)).sum(-1)
+
+        def correctness_SM():
             samples, max_tokens = cfg.inner.accuracy_samples, scfg.eval_max_tokens or scfg.max_tokens
             n = max(samples, 1)
-            uniforms = None if samples == 0 else torch.stack(
-                [sampling_uniforms(seed, len(problems) * n, max_tokens) for seed in eval_seeds]).to(device)
-            tokens = stack.sample(stack.params, prompt_ids, prompt_mask, n, max_tokens, stop_ids, uniforms).tolist()
-        params = SamplingParams(n=n, greedy=samples == 0, max_tokens=max_tokens, stop=tuple(scfg.stop))
-        return [grade_correctness(self.grader, problems,
-                                  [[finish_sample(tokens[s][q * n + i], stop_ids, params, self.tokenizer) for i in range(n)]
-                                   for q in range(len(problems))]) for s in range(S)]
+            with torch.no_grad():
+                uniforms = None if samples == 0 else torch.stack(
+                    [sampling_uniforms(seed, len(problems) * n, max_tokens) for seed in eval_seeds]).to(device)
+                tokens = stack.sample(stack.params, prompt_ids, prompt_mask, n, max_tokens, stop_ids, uniforms).tolist()
+            params = SamplingParams(n=n, greedy=samples == 0, max_tokens=max_tokens, stop=tuple(scfg.stop))
+            return [grade_correctness(self.grader, problems,
+                                      [[finish_sample(tokens[s][q * n + i], stop_ids, params, self.tokenizer)
+                                        for i in range(n)] for q in range(len(problems))]) for s in range(S)]
+
+        return score(metric, Measures(correctness_SM, gold_logprobs_SM))
 
     def close(self) -> None:
         self.baseline = None
