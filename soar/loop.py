@@ -39,13 +39,14 @@ from soar.models import load_model, model_context
 from soar.policy.scores import problem_scores
 from soar.policy.trainer import SyncError
 from soar.prepare import read_train_inputs, setup_train
-from soar.rewards import as_problems, make_teacher_reward, merge_group_metrics, student_tasks_per_step
+from soar.rewards import as_problems, make_teacher_reward, merge_group_metrics
 from soar.run import MetricsLogger, outer_step_line, progress_bar, train_summary_text
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
 from soar.state import Checkpoints, LoopState, save_model_atomic
 from soar.step_dump import start_completions, write_step_dump
+from soar.student_tasks import student_tasks_per_step
 from soar.students.promotion import PromotionPolicy
 from soar.students.stacked import StackedStudents
 from soar.teachers.sampling import RejectionCapError

@@ -23,18 +23,21 @@ import numpy as np
 from soar.data import Problem
 from soar.generation import correctness, make_generator
 from soar.seeding import derive_seed
+from soar.student_tasks import STUDENT_TRAINING_REWARDS
 from soar.students.pool import StudentTask, make_students
 from soar.students.trainer import StudentResult
 
 TEACHER_REWARDS: dict[str, type] = {}
 """``teacher.reward`` -> the reward's class, built with ``(cfg, tokenizer, grader, template)``; its
-``trains_students`` says whether it trains students (and so whether there are any to promote). The
-loop, ``soar.validation`` and the ``${student_tasks:}`` resolver read it."""
+``trains_students`` says whether it trains students (and so whether there are any to promote), from
+``soar.student_tasks.STUDENT_TRAINING_REWARDS`` (which the ``${student_tasks:}`` resolver reads without
+importing the roles). The loop and ``soar.validation`` read it."""
 
 
 def register_teacher_reward(name: str):
     """Class decorator: ``teacher.reward=<name>`` builds this class."""
     def register(reward_class: type) -> type:
+        reward_class.trains_students = name in STUDENT_TRAINING_REWARDS
         TEACHER_REWARDS[name] = reward_class
         return reward_class
     return register
@@ -43,14 +46,6 @@ def register_teacher_reward(name: str):
 def make_teacher_reward(cfg, tokenizer, grader, template: str):
     """The reward ``teacher.reward`` names."""
     return TEACHER_REWARDS[cfg.teacher.reward](cfg, tokenizer, grader, template)
-
-
-def student_tasks_per_step(cfg) -> int:
-    """Students an outer step trains: ``teacher.groups_per_step`` x g x r with a reward that trains
-    students (the pool's tasks); the intrinsic rewards train none."""
-    if not TEACHER_REWARDS[cfg.teacher.reward].trains_students:
-        return 0
-    return cfg.teacher.groups_per_step * cfg.teacher.datasets * cfg.inner.replicates
 
 
 @dataclass
@@ -89,8 +84,6 @@ def as_problems(rollouts, step: int, group: int, k: int) -> list[Problem]:
 class GroundedReward:
     """r students per dataset, trained by ``soar.students.pool`` (in-process, or a Ray worker pool)."""
 
-    trains_students = True
-
     def __init__(self, cfg, tokenizer, grader, template: str):
         self.cfg = cfg
         self.students = make_students(cfg, tokenizer, grader, template)
@@ -128,8 +121,6 @@ class GroundedReward:
 class IntrinsicReward:
     """No inner loop: R_k is the mean over dataset k's questions of ``question_reward(s)``, s the fixed base
     student's success rate on the question. The paper's Intrinsic-T: 0 if s = 0 else 1 - s."""
-
-    trains_students = False
 
     @staticmethod
     def question_reward(s: float) -> float:

@@ -7,18 +7,8 @@ import numpy as np
 import pytest
 
 from soar.teachers import Pair, format_pair, parse_pair
-from soar.worlds.arith import (
-    ArithWorldConfig,
-    carries_of,
-    family_problems,
-    loss_backward,
-    lsb,
-    make_problem,
-    pretrain,
-    sample_pair,
-    teacher_completion,
-    world_hash,
-)
+from soar.worlds.arith import ArithWorldConfig, carries_of, family_problems, lsb, make_problem, sample_pair, world_hash
+from soar.worlds.arith_pretrain import loss_backward, pretrain, teacher_completion
 
 from conftest import run_cli, script
 
@@ -183,7 +173,7 @@ def test_default_world_ships_with_the_package(tmp_path, monkeypatch):
     assert info["config"]["teacher_carries"] == wcfg.teacher_carries and info["steps"] == wcfg.max_steps
     assert shipped_dir(get_world("arith").config(soar.compose(["experiment=arith", "world.seed=1"])), 1) is None
     mcfg = type("M", (), {"path": str(shipped), "revision": None, "dtype": "float32", "trust_remote_code": False})
-    from soar.worlds.arith import accuracy
+    from soar.worlds.arith_pretrain import accuracy
 
     model, tok = load_model(mcfg), load_tokenizer(mcfg)
     assert accuracy(model, tok, generate_problems(12, 0, 32, 5, "t"), wcfg.student_template) >= 0.9
