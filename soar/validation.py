@@ -26,8 +26,9 @@ from soar.config import BACKEND_ROLES, BANDS, KV_CACHE_ENV, PRECISIONS, ConfigEr
 from soar.grading import GRADERS
 from soar.hydra_config import conf_dir
 from soar.policy.scores import REWARD_METRICS
-from soar.rewards import TEACHER_REWARDS, student_tasks_per_step
+from soar.rewards import TEACHER_REWARDS
 from soar.student_rewards import STUDENT_REWARDS
+from soar.student_tasks import student_tasks_per_step
 
 log = logging.getLogger("soar.validation")
 
