@@ -69,7 +69,8 @@ def main() -> None:
     from soar.models import load_model, load_tokenizer
     from soar.run import package_versions
     from soar.students.pool import InProcessStudents, StudentPool, StudentRunner, StudentTask
-    from soar.worlds.arith import generate_problems, pretrain
+    from soar.worlds.arith import generate_problems
+    from soar.worlds.arith_pretrain import pretrain
     from soar.worlds.base import configured_world
 
     cfg = soar.compose([f"experiment={args.experiment}"])

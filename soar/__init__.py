@@ -5,7 +5,8 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
 ``LAYERS``):
 
     0 config      config (the schema), its default prompt texts (soar.default_prompts), resolving what a value
-                  names (soar.resolve: a role's backend, a dotted function), seeding, faults, signals, stats
+                  names (soar.resolve: a role's backend, a dotted function), seeding, faults, signals, stats, the
+                  students an outer step trains (soar.student_tasks, which the ${student_tasks:} resolver reads)
     1 foundations grading, the students' rollout rewards (soar.student_rewards), the leak check (soar.leak),
                   data, models, samples / generation / vllm_backend, run dirs, the metrics log (soar.metrics_log),
                   the console (soar.console), state, diversity, prompt/stop token ids (soar.tokens), the machine
@@ -14,8 +15,10 @@ teacher and student roles never import each other (``tests/test_imports.py`` wal
     2 policy      the RLOO policy teachers and students share (soar.policy: rloo, trainer, distill, scores)
     3 roles       teachers (prompts, parsing, sampling, update), students (trainer, executor, pool, lockstep,
                   stacked, promotion), the teacher's rewards (soar.rewards: students scoring the teacher's datasets),
-                  worlds (the World interface and one module per world), the Llama-3.2 rehearsal model, the
-                  coach of context distillation (soar.coach), a team's chain (soar.team.rollout)
+                  worlds (the World interface, one domain module per world, light enough to compose a config
+                  with, and the modules of their torch parts: pretraining, team formats), the Llama-3.2
+                  rehearsal model, the coach of context distillation (soar.coach), a team's chain
+                  (soar.team.rollout)
     4 stages      validation, Hydra's configuration (soar.hydra_config), run data, the stage setup
                   (soar.stage), soar-rl (soar.rl), soar-filter (filters), prepare, the step dump, the outer
                   loop (soar.loop), soar-team (soar.team.train, its checks and memory plan)
@@ -45,14 +48,16 @@ Python API::
 
 This file runs in every process that imports any module of the package (each grader worker imports
 ``soar.grading``), so it imports only the schema: the API's functions import their modules (torch and
-the rest) when first called. These are the package's only imports inside functions.
+the rest) when first called. These, the commands' stages (``soar.cli``) and a world's model build are the
+package's only imports inside functions: composing a config (``compose``, any command's ``--cfg job``)
+imports no torch and no role.
 """
 
 __version__ = "0.1.0"
 
 LAYERS: dict[str, int] = {
     "soar.config": 0, "soar.default_prompts": 0, "soar.resolve": 0, "soar.seeding": 0, "soar.faults": 0, "soar.signals": 0,
-    "soar.stats": 0,
+    "soar.stats": 0, "soar.student_tasks": 0,
     "soar.grading": 1, "soar.student_rewards": 1, "soar.data": 1, "soar.models": 1, "soar.samples": 1, "soar.generation": 1,
     "soar.vllm_backend": 1, "soar.run": 1, "soar.metrics_log": 1, "soar.console": 1, "soar.state": 1, "soar.diversity": 1,
     "soar.tokens": 1,
@@ -64,8 +69,9 @@ LAYERS: dict[str, int] = {
     "soar.teachers.update": 3, "soar.students": 3, "soar.students.trainer": 3, "soar.students.executor": 3,
     "soar.students.pool": 3, "soar.students.lockstep": 3, "soar.students.stacked": 3, "soar.students.promotion": 3,
     "soar.rewards": 3,
-    "soar.worlds": 3, "soar.worlds.base": 3, "soar.worlds.arith": 3, "soar.rehearsal": 3,
-    "soar.coach": 3, "soar.worlds.arith_team": 3, "soar.team.rollout": 3,
+    "soar.worlds": 3, "soar.worlds.base": 3, "soar.worlds.arith": 3, "soar.worlds.arith_pretrain": 3,
+    "soar.worlds.arith_team": 3, "soar.worlds.arith_team_formats": 3, "soar.worlds.arith_team_pretrain": 3,
+    "soar.rehearsal": 3, "soar.coach": 3, "soar.team.rollout": 3,
     "soar.validation": 4, "soar.hydra_config": 4, "soar.rundata": 4, "soar.stage": 4, "soar.rl": 4,
     "soar.filters": 4, "soar.filters.failk": 4, "soar.prepare": 4, "soar.step_dump": 4, "soar.loop": 4,
     "soar.team.checks": 4, "soar.team.plan": 4, "soar.team.train": 4,

@@ -20,11 +20,16 @@
 ``experiment=arith`` as its default); the other commands compose ``conf/config.yaml``. Each command
 turns its own arguments (positional ones, shorthands) into Hydra overrides, and ``_entry`` hands
 them to Hydra, the one place ``sys.argv`` is set.
+
+Each command imports its stage (torch, the roles) inside the function Hydra runs, after composing: so
+``--cfg job``, ``--help`` and a bad override load only config code. These and the package API
+(``soar/__init__.py``) are the package's only imports inside functions, besides a world's model build.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import sys
@@ -38,22 +43,9 @@ from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
 from soar.config import ConfigError
-from soar.console import console_above_bars
 from soar.data import DataError
-from soar.estimate import run_estimate, run_layout, run_plan
-from soar.evaluate import run_eval
-from soar.export import run_export
-from soar.filters.failk import run_filter_stage
 from soar.hydra_config import conf_dir, register_configs
-from soar.loop import LoopError, run_train
-from soar.memory_plan import PROMPT_TOKENS, STAGES
-from soar.report import main as report
-from soar.rl import run_rl
-from soar.run import RunDirError, disk_full, latest_checkpoint
-from soar.rundata import RunDataError
 from soar.signals import EXIT_INTERRUPTED, EXIT_STOPPED, StoppedDuringSetup
-from soar.team.train import run_team
-from soar.vllm_backend import EngineStartError
 from soar.worlds.base import configured_world
 
 
@@ -88,6 +80,8 @@ def _entry(stage_fn, args: list[str] | None = None, config_name: str = "config")
 
     @hydra.main(version_base=None, config_path=str(conf_dir()), config_name=config_name)
     def _run(cfg) -> None:
+        from soar.console import console_above_bars  # composed: the stage runs
+
         if debug_logs:  # after Hydra has configured logging (as hydra.verbose=soar would)
             logging.getLogger("soar").setLevel(logging.DEBUG)
         run_dir = Path(cfg.run.dir or Path("runs") / cfg.run.name)
@@ -140,6 +134,8 @@ def _exit_stopped(exc: BaseException, run_dir: Path | None, verbose: bool) -> No
     traceback only with ``verbose``."""
     if verbose:
         raise exc
+    from soar.run import latest_checkpoint
+
     ckpt = latest_checkpoint(run_dir / "checkpoints") if run_dir is not None else None
     if run_dir is None:
         resume = "nothing was written"
@@ -167,6 +163,11 @@ def _exit_if_user_error(message: str | None, verbose: bool) -> None:
 def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
     """What to tell the user about ``exc``, raised by a stage writing to ``run_dir``; None for a bug
     (which deserves its traceback)."""
+    from soar.loop import LoopError  # the stage that raised ``exc`` has imported them all
+    from soar.run import RunDirError, disk_full
+    from soar.rundata import RunDataError
+    from soar.vllm_backend import EngineStartError
+
     if isinstance(exc, (ConfigError, DataError, LoopError, RunDataError, RunDirError, EngineStartError)):
         return str(exc)
     code = getattr(exc, "errno", None)
@@ -184,23 +185,43 @@ def stage_error_message(exc: Exception, run_dir: Path) -> str | None:
 
 
 def rl_main() -> None:
-    _entry(run_rl)
+    def stage(cfg):
+        from soar.rl import run_rl
+
+        return run_rl(cfg)
+
+    _entry(stage)
 
 
 def team_main() -> None:
     """``soar-team [overrides...]``: a chain of roles trained with RL (docs/team.md), e.g.
     ``soar-team experiment=team_scr_arith_micro``."""
-    _entry(run_team)
+    def stage(cfg):
+        from soar.team.train import run_team
+
+        return run_team(cfg)
+
+    _entry(stage)
 
 
 def filter_main() -> None:
-    _entry(run_filter_stage)
+    def stage(cfg):
+        from soar.filters.failk import run_filter_stage
+
+        return run_filter_stage(cfg)
+
+    _entry(stage)
 
 
 def train_main() -> None:
     """``soar-train``: without ``experiment=...`` it runs the embedded world (``conf/train.yaml``'s
     default, ``experiment=arith``)."""
-    _entry(run_train, config_name="train")
+    def stage(cfg):
+        from soar.loop import run_train
+
+        return run_train(cfg)
+
+    _entry(stage, config_name="train")
 
 
 def estimate_main() -> None:
@@ -212,7 +233,7 @@ def estimate_main() -> None:
     full run on the config's layout, from measured and assumed per-phase costs (no run)."""
     usage = ("usage: soar-estimate [--calibration-steps N | --plan [--stage train|rl|eval|filter] [--prompt-tokens N] | "
              "--layout [--inputs FILE] [--promotions N]] [overrides...]")
-    numbers = {"--calibration-steps": 1, "--prompt-tokens": PROMPT_TOKENS, "--promotions": None}
+    numbers = {"--calibration-steps": 1, "--prompt-tokens": None, "--promotions": None}
     texts = {"--stage": "train", "--inputs": None}
     mode, args = "estimate", []
     argv = iter(sys.argv[1:])
@@ -222,7 +243,7 @@ def estimate_main() -> None:
             value = arg.partition("=")[2] or next(argv, "")
             if name in numbers and value.isdigit():
                 numbers[name] = int(value)
-            elif name == "--stage" and value in STAGES or name == "--inputs" and value:
+            elif name == "--stage" and value in plan_stages() or name == "--inputs" and value:
                 texts[name] = value
             else:
                 print(usage, file=sys.stderr)
@@ -231,21 +252,58 @@ def estimate_main() -> None:
             mode = arg[2:]
         else:
             args.append(arg)
-    if mode == "plan":
-        _entry(lambda cfg: run_plan(cfg, numbers["--prompt-tokens"], texts["--stage"]), args, config_name="train")
-    elif mode == "layout":
-        _entry(lambda cfg: run_layout(cfg, texts["--inputs"], numbers["--promotions"]), args, config_name="train")
-    else:
-        _entry(lambda cfg: run_estimate(cfg, numbers["--calibration-steps"]), args, config_name="train")
+
+    def stage(cfg):
+        from soar.estimate import run_estimate, run_layout, run_plan
+
+        if mode == "plan":
+            tokens = {} if numbers["--prompt-tokens"] is None else {"prompt_tokens": numbers["--prompt-tokens"]}
+            return run_plan(cfg, stage=texts["--stage"], **tokens)
+        if mode == "layout":
+            return run_layout(cfg, texts["--inputs"], numbers["--promotions"])
+        return run_estimate(cfg, numbers["--calibration-steps"])
+
+    _entry(stage, args, config_name="train")
+
+
+def plan_stages() -> tuple[str, ...]:
+    """The stages ``soar-estimate --plan --stage`` sizes (``soar.memory_plan.STAGES``)."""
+    from soar.memory_plan import STAGES
+
+    return STAGES
 
 
 def world_main() -> None:
-    """``soar-world pretrain|problems [overrides...]``: the configured world's command (``world=<name>``)."""
+    """``soar-world pretrain|problems [overrides...]``: the configured world's command (``world=<name>``).
+
+    ``pretrain`` builds the world model (``World.pretrain``: into the cache or ``world.out_dir``, even when the
+    package ships it; never into a folder of other files); ``problems`` writes the world's problem files
+    (``World.problem_files``) to its own run dir (``soar.run.RunDir``, stage ``world``: a new or empty folder,
+    or its own run with the same settings; never another command's run, such as a soar-train run's
+    ``problems/``). Both print what they wrote."""
     if len(sys.argv) < 2 or sys.argv[1] not in ("pretrain", "problems"):
         print("usage: soar-world pretrain|problems [overrides...]", file=sys.stderr)
         sys.exit(2)
-    command = sys.argv[1]
-    _entry(lambda cfg: configured_world(cfg).run(cfg, command), sys.argv[2:])
+    _entry(world_pretrain if sys.argv[1] == "pretrain" else world_problems, sys.argv[2:])
+
+
+def world_pretrain(cfg) -> None:
+    """``soar-world pretrain``: the configured world's model, built; prints its folder."""
+    print(configured_world(cfg).pretrain(cfg))
+
+
+def world_problems(cfg) -> None:
+    """``soar-world problems``: the configured world's problem files in this command's run dir; prints them as
+    JSON (name -> path)."""
+    from soar.run import RunDir
+
+    run = RunDir(cfg, "world")
+    try:
+        run.commit()
+        files = configured_world(cfg).problem_files(cfg, run.path)
+        print(json.dumps({name: str(path) for name, path in files.items()}))
+    finally:
+        run.close()
 
 
 def export_main() -> None:
@@ -254,15 +312,27 @@ def export_main() -> None:
         print("usage: soar-export RUN_DIR [export.samples=128 export.teacher_step=N pq.allow_ineligible=true ...]",
               file=sys.stderr)
         sys.exit(2)
-    _entry(run_export, [f"export.run_dir={sys.argv[1]}", *sys.argv[2:]])
+    def stage(cfg):
+        from soar.export import run_export
+
+        return run_export(cfg)
+
+    _entry(stage, [f"export.run_dir={sys.argv[1]}", *sys.argv[2:]])
 
 
 def eval_main() -> None:
     """``soar-eval [overrides...]``: one fresh-student (or inference-only) evaluation, e.g.
     ``soar-eval experiment=arith eval.method=hard_only eval.run_dir=runs/arith run.name=eval_ho_s0``."""
-    _entry(run_eval)
+    def stage(cfg):
+        from soar.evaluate import run_eval
+
+        return run_eval(cfg)
+
+    _entry(stage)
 
 
 def report_main() -> None:
     """``soar-report RUN_DIR... [--evals EVAL_DIR...] [--out DIR]``: plots and a Markdown page."""
-    report()
+    from soar.report import main
+
+    main()

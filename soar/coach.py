@@ -11,8 +11,8 @@ Two coaches:
   or vllm). Its completion is untrusted model text, parsed like the teacher's (``parse_advice``): the advice
   tag opened and closed, no control characters or lone surrogates (the teacher parser's rule), not empty,
   at most ``distill.max_advice_chars``.
-- ``WorldCoach`` (``distill.coach=world``): the configured world's programmatic coach
-  (``World.coach_advice``), computed from the question (and the attempt, where the world reads it) with
+- ``WorldCoach`` (``distill.coach=world``): the configured world's programmatic coach (``WORLD_COACHES``, by
+  world name), computed from the question (and the attempt, where the coach reads it) with
   ``distill.coach_noise``. In the embedded world it computes the question's carry positions from its addends
   and writes them as advice: a stand-in for an LLM coach, not one.
 
@@ -27,9 +27,11 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from soar.config import ConfigError
 from soar.data import UNSAFE_CHARACTERS
 from soar.generation import make_generator
 from soar.leak import leaks
@@ -38,6 +40,7 @@ from soar.resolve import resolve_backend
 from soar.samples import SamplingParams
 from soar.seeding import derive_seed
 from soar.teachers.parse import Reject
+from soar.worlds.arith import carry_advice
 from soar.worlds.base import configured_world
 
 ADVICE_REJECT_REASONS = ("no_tags", "empty", "bad_characters", "too_long", "no_advice", "leak")
@@ -111,20 +114,39 @@ class LLMCoach:
         return [(o[0].text, parse_advice(o[0].text, d.advice_tag, d.max_advice_chars)) for o in outs]
 
 
+def arith_carry_coach(question: str, attempt: str, noise: float, rng: np.random.Generator) -> str | None:
+    """The arithmetic world's coach: the carry plan of ``question`` (``soar.worlds.arith.carry_advice``). The
+    attempt is not read: the plan is the help the teacher role reads whatever the student wrote."""
+    return carry_advice(question, noise, rng)
+
+
+WORLD_COACHES: dict[str, Callable[[str, str, float, np.random.Generator], str | None]] = {
+    "arith": arith_carry_coach,
+}
+"""``distill.coach: world``: world name -> its programmatic coach, ``(question, attempt, noise, rng) -> advice``
+(None: none for that question), computed from the question and (if the coach reads it) the student's
+``attempt``, never the reference answer; ``noise`` in [0, 1] (``distill.coach_noise``) makes it that wrong,
+drawing from ``rng``. A stand-in for an LLM coach; a world without one here has none."""
+
+
 class WorldCoach:
-    """The configured world's programmatic coach (``World.coach_advice``): a stand-in for an LLM coach,
-    reading the question and the attempt, never the reference; its ``distill.coach_noise`` draws come from
-    the run seed and the step."""
+    """The configured world's programmatic coach (``WORLD_COACHES``): a stand-in for an LLM coach, reading
+    the question and the attempt, never the reference; its ``distill.coach_noise`` draws come from the run
+    seed and the step."""
 
     def __init__(self, cfg):
-        self.cfg, self.world = cfg, configured_world(cfg)
+        name = configured_world(cfg).name
+        if name not in WORLD_COACHES:
+            raise ConfigError(f"config error: distill.coach: world {name!r} has no programmatic coach "
+                              "(soar.coach.WORLD_COACHES); use distill.coach=llm")
+        self.cfg, self.coach = cfg, WORLD_COACHES[name]
 
     def advise(self, questions, responses, grades, references, step) -> list[tuple[str, Advice | Reject]]:
         d = self.cfg.distill
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "coach", step))
         out = []
         for q, r in zip(questions, responses):
-            text = self.world.coach_advice(self.cfg, q, r, d.coach_noise, rng)
+            text = self.coach(q, r, d.coach_noise, rng)
             out.append(("" if text is None else text,
                         Reject("no_advice") if text is None else check_advice(text, d.max_advice_chars)))
         return out

@@ -472,7 +472,7 @@ class DistillConfig:
 
     coach: Optional[str] = None
     """None: no distillation (plain RLOO). ``world``: the configured world's programmatic coach
-    (``World.coach_advice``: a stand-in for an LLM coach that reads the question and the attempt, never the
+    (``soar.coach.WORLD_COACHES``: a stand-in for an LLM coach that reads the question and the attempt, never the
     reference; the embedded world computes the question's carry positions from its addends). ``llm``:
     ``coach_model`` generating from ``coach_prompt``."""
     coach_model: ModelConfig = field(default_factory=lambda: ModelConfig(path=None))

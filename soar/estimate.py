@@ -51,8 +51,8 @@ from soar.memory_plan import PROMPT_TOKENS, MemoryPlan, check_plan, plan, plan_r
 from soar.metrics_log import MetricsLogger
 from soar.prepare import read_train_inputs, setup_train
 from soar.resolve import resolve_backend
-from soar.rewards import student_tasks_per_step
 from soar.stage import resolve_model_path, setup_stage
+from soar.student_tasks import student_tasks_per_step
 from soar.team.checks import validate_team
 from soar.team.plan import team_plan
 from soar.validation import validate

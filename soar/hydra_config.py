@@ -3,9 +3,13 @@ registered with Hydra's ConfigStore, the resolvers the YAML uses, and ``compose`
 
     cfg = soar.compose(["experiment=arith_micro", "seed=1"])
 
-Each world registers itself when ``soar.worlds`` is imported (every module of that folder is); a world's
-config class is the schema ``<name>_schema`` of the ``world`` group, so ``conf/world/<name>.yaml`` (chosen
-by ``world=<name>``) is typed and documented by it.
+Each world registers itself when ``soar.worlds`` is imported (the package's worlds and those of entry
+points); a world's config class is the schema ``<name>_schema`` of the ``world`` group, so
+``conf/world/<name>.yaml`` (chosen by ``world=<name>``) is typed and documented by it, and a world outside
+the package has its YAML (``World.config_file``) registered as ``world=<name>``.
+
+Composing imports only config code (the schema, the worlds' domain modules, the resolvers' counts): no
+torch and no role (``tests/test_config.py`` checks which modules it loads).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from omegaconf import OmegaConf
 
 from soar.config import DataConfig, SoarConfig
 from soar.data import shared_data_dir
-from soar.rewards import student_tasks_per_step
+from soar.student_tasks import student_tasks_per_step
 from soar.worlds.base import WORLDS
 
 
@@ -45,11 +49,24 @@ def register_configs() -> None:
     cs.store(name="soar_schema", node=SoarConfig)
     for name, world in WORLDS.items():
         cs.store(group="world", name=f"{name}_schema", node=world.config_class)
+        if world.config_file is not None:  # a world outside the package: its YAML beside its module
+            path = world.config_file
+            cs.store(group="world", name=name, node=OmegaConf.load(path), package=yaml_package(path))
     if not OmegaConf.has_resolver("soar_data_dir"):  # the benchmark files' folder (data.path)
         OmegaConf.register_new_resolver("soar_data_dir", lambda: str(shared_data_dir()))
     if not OmegaConf.has_resolver("student_tasks"):  # resources.num_workers: one worker per student
         OmegaConf.register_new_resolver("student_tasks", lambda *, _root_: student_tasks_per_step(_root_))
     _registered = True
+
+
+def yaml_package(path: Path) -> str | None:
+    """The package a YAML's ``# @package <name>`` header gives (Hydra reads it from files, not from nodes)."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("# @package "):
+            return line.removeprefix("# @package ").strip()
+        if line.strip() and not line.startswith("#"):
+            return None
+    return None
 
 
 def data_group(name: str):

@@ -45,13 +45,13 @@ from soar.rewards import (
     as_problems,
     make_reward_state,
     merge_group_metrics,
-    student_tasks_per_step,
 )
 from soar.seeding import derive_seed
 from soar.signals import StopRequest
 from soar.stage import setup_stage
 from soar.state import Checkpoints, LoopState, save_model_atomic
 from soar.step_dump import start_completions, write_step_dump
+from soar.student_tasks import student_tasks_per_step
 from soar.students.promotion import PromotionPolicy
 from soar.teachers.sampling import RejectionCapError
 from soar.teachers.update import TeacherPolicy, dataset_advantages

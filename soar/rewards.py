@@ -27,6 +27,7 @@ from soar.data import Problem
 from soar.generation import correctness, make_generator
 from soar.policy.scores import BaselineScorer
 from soar.seeding import derive_seed
+from soar.student_tasks import STUDENT_TRAINING_REWARDS
 from soar.students.pool import StudentTask, make_students
 from soar.students.trainer import StudentResult
 
@@ -78,14 +79,6 @@ class TeacherReward:
     """The group's rewards from its record and the run's reward state."""
     trains_students: bool = False
     """It trains students, so there are students to promote; its state holds a student executor."""
-
-
-def student_tasks_per_step(cfg) -> int:
-    """Students an outer step trains: ``teacher.groups_per_step`` x g x r with a reward that trains
-    students (the pool's tasks); the intrinsic rewards train none."""
-    if not TEACHER_REWARDS[cfg.teacher.reward].trains_students:
-        return 0
-    return cfg.teacher.groups_per_step * cfg.teacher.datasets * cfg.inner.replicates
 
 
 @dataclass
@@ -178,12 +171,14 @@ QUESTION_REWARDS: dict[str, Callable[[float], float]] = {
 """The intrinsic rewards by name: a question's reward from the base student's success rate s on it."""
 
 TEACHER_REWARDS: dict[str, TeacherReward] = {
-    "grounded": TeacherReward(grounded, trains_students=True),
-    **{name: TeacherReward(functools.partial(intrinsic, question_reward=fn)) for name, fn in QUESTION_REWARDS.items()},
+    name: TeacherReward(fn, trains_students=name in STUDENT_TRAINING_REWARDS) for name, fn in {
+        "grounded": grounded,
+        **{name: functools.partial(intrinsic, question_reward=fn) for name, fn in QUESTION_REWARDS.items()},
+    }.items()
 }
 """``teacher.reward`` -> its function of (``GroupRecord``, ``RewardState``) and whether it trains students (and
-so whether there are any to promote). The loop, ``soar.validation`` and the ``${student_tasks:}`` resolver
-read it."""
+so whether there are any to promote), the latter from ``soar.student_tasks.STUDENT_TRAINING_REWARDS`` (which
+the ``${student_tasks:}`` resolver reads without importing the roles). The loop and ``soar.validation`` read it."""
 
 
 def make_reward_state(cfg, tokenizer, grader, template: str) -> RewardState:

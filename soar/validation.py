@@ -28,8 +28,9 @@ from soar.hydra_config import conf_dir
 from soar.memory_plan import RAY_RAM_GB, worker_ram_gb
 from soar.policy.scores import REWARD_METRICS
 from soar.resolve import load_callable
-from soar.rewards import TEACHER_REWARDS, student_tasks_per_step
+from soar.rewards import TEACHER_REWARDS
 from soar.student_rewards import STUDENT_REWARDS
+from soar.student_tasks import student_tasks_per_step
 
 log = logging.getLogger("soar.validation")
 

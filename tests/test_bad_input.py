@@ -867,7 +867,8 @@ def test_world_pretrain_builds_only_into_its_own_folders(tmp_path):
     """An empty ``world.out_dir`` is built into; a folder holding another world's model, or a
     ``<out_dir>.tmp`` no build made, is refused by name and left as it is."""
     from soar.config import ConfigError
-    from soar.worlds.arith import ArithWorldConfig, pretrain
+    from soar.worlds.arith import ArithWorldConfig
+    from soar.worlds.arith_pretrain import pretrain
 
     def build(out: Path, **changes) -> Path:
         return pretrain(ArithWorldConfig(**{**TINY_WORLD, **changes}, out_dir=str(out)), seed=1, progress=False)

@@ -132,3 +132,40 @@ def test_non_editable_install_ships_conf(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "group_size: 32" in res.stdout
+
+
+ROLE_MODULES = ("torch", "transformers", "peft", "vllm", "ray", "soar.students", "soar.teachers", "soar.policy",
+                "soar.team", "soar.vllm_backend", "soar.stacked_llama", "soar.models", "soar.generation")
+"""What composing a config must not import: torch, the model libraries and the package's role code (issue 61)."""
+
+
+def modules_loaded(code: str) -> list[str]:
+    """The ``ROLE_MODULES`` a fresh interpreter has imported once ``code`` ran (also when it exits)."""
+    probe = ("import atexit, sys\n"
+             f"ROLE_MODULES = {ROLE_MODULES!r}\n"
+             "atexit.register(lambda: print('LOADED', sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') "
+             "for p in ROLE_MODULES)), flush=True))\n" + code)
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return eval(res.stdout.rsplit("LOADED ", 1)[1])  # a list of names printed by the probe itself
+
+
+def test_composing_a_config_imports_no_torch_and_no_role():
+    """``soar.compose`` loads config code only: the schema, the worlds' domain modules, the resolvers' counts."""
+    code = ("import soar\nfrom omegaconf import OmegaConf\n"
+            "for name in ('arith_micro', 'paper_math', 'team_scr_arith_micro', 'distill_arith'):\n"
+            "    cfg = soar.compose([f'experiment={name}', 'model.path=/m'])\n"
+            "    OmegaConf.to_container(cfg.resources, resolve=True)  # the ${student_tasks:} resolver\n")
+    assert modules_loaded(code) == []
+
+
+@pytest.mark.parametrize("command, args", [
+    ("train_main", ["experiment=arith_micro"]), ("team_main", ["experiment=team_scr_arith_micro"]),
+    ("world_main", ["pretrain", "world=arith_team_micro"]), ("estimate_main", ["--plan", "experiment=paper_math"]),
+])
+def test_cfg_job_imports_no_torch_and_no_role(command, args):
+    """Any command's ``--cfg job`` (here ``soar-train experiment=arith_micro --cfg job`` and others) composes and
+    prints the config without importing its stage."""
+    code = (f"import sys\nsys.argv = ['soar', *{args!r}, '--cfg', 'job']\n"
+            f"from soar.cli import {command}\n{command}()\n")
+    assert modules_loaded(code) == []

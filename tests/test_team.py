@@ -246,7 +246,7 @@ def test_the_planner_learns_from_process_rewards(tmp_path):
 
 
 def test_pretrain_never_overwrites_a_folder_it_did_not_build(tmp_path):
-    from soar.worlds.arith_team import pretrain
+    from soar.worlds.arith_team_pretrain import pretrain
     from soar.worlds.base import get_world
 
     (tmp_path / "notes.txt").write_text("mine")

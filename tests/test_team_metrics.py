@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-import soar.worlds  # noqa: F401  (registers the team world's parsers, tools, scorer, error types)
 from soar.team.episode import ChainInfo, Episode, Turn, credit_inputs
 from soar.team.formats import PARSERS, ScoreCall, critique_json, parse_score
 from soar.team.metrics import episode_metrics
-from soar.worlds.arith_team import critique, digit_add, error_type, first_wrong, stand_in_score
+from soar.worlds.arith_team import critique, first_wrong
+from soar.worlds.arith_team_formats import digit_add, error_type, stand_in_score  # registers the world's formats
 
 Q, RIGHT = "123+456", "carries 000 \\boxed{5790}"  # 321 + 654 = 975, least significant digit first
 CHAIN = ChainInfo(("solver", "coach", "reviser"), ("solver", "reviser"), ("solver", "coach", "reviser"),

@@ -1,24 +1,20 @@
-"""The arithmetic world: the carry sampler, problem families, teacher format, deterministic pretraining."""
+"""The arithmetic world: the carry sampler, problem families, teacher format, deterministic pretraining; the
+World interface, and a world outside the package (``tests/worlds``)."""
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import soar
 from soar.teachers import Pair, format_pair, parse_pair
-from soar.worlds.arith import (
-    ArithWorldConfig,
-    carries_of,
-    family_problems,
-    loss_backward,
-    lsb,
-    make_problem,
-    pretrain,
-    sample_pair,
-    teacher_completion,
-    world_hash,
-)
+from soar.worlds.arith import ArithWorldConfig, carries_of, family_problems, lsb, make_problem, sample_pair, world_hash
+from soar.worlds.arith_pretrain import loss_backward, pretrain, teacher_completion
 
 from conftest import run_cli, script
 
@@ -169,7 +165,6 @@ def test_default_world_ships_with_the_package(tmp_path, monkeypatch):
     """``experiment=arith``'s world model is in the package under its config hash; ``model.build``
     loads it when the cache has no copy, and it is the pretrained world (not a random init):
     carry-free sums are solved greedily, 12-carry sums are not."""
-    import soar
     from soar.models import load_model, load_tokenizer
     from soar.worlds.arith import generate_problems, shipped_dir
     from soar.worlds.base import build_model_hook, get_world
@@ -183,7 +178,7 @@ def test_default_world_ships_with_the_package(tmp_path, monkeypatch):
     assert info["config"]["teacher_carries"] == wcfg.teacher_carries and info["steps"] == wcfg.max_steps
     assert shipped_dir(get_world("arith").config(soar.compose(["experiment=arith", "world.seed=1"])), 1) is None
     mcfg = type("M", (), {"path": str(shipped), "revision": None, "dtype": "float32", "trust_remote_code": False})
-    from soar.worlds.arith import accuracy
+    from soar.worlds.arith_pretrain import accuracy
 
     model, tok = load_model(mcfg), load_tokenizer(mcfg)
     assert accuracy(model, tok, generate_problems(12, 0, 32, 5, "t"), wcfg.student_template) >= 0.9
@@ -207,7 +202,6 @@ def test_world_registry_and_hooks(tmp_path):
 
     from omegaconf import OmegaConf, open_dict
 
-    import soar
     from soar.config import ConfigError
     from soar.data import Problem, load_problem_records
     from soar.worlds.arith import ArithWorld, family_problems, oracle_answer
@@ -271,15 +265,74 @@ def test_every_world_method_has_a_caller():
     """The World interface holds only what the stages call (issue 51: three of its ten methods had no
     caller): each method a world implements is called in the package outside the world modules (the
     stages, or the hooks of ``soar.worlds.base`` they call); ``config`` is the base class's helper for them."""
-    from pathlib import Path
-
-    import soar
     from soar.worlds.base import World
 
     package = Path(soar.__file__).parent
     code = "\n".join(p.read_text() for p in package.rglob("*.py")
                      if p.parent.name != "worlds" or p.name == "base.py")
     methods = [name for name, value in vars(World).items() if callable(value) and not name.startswith("_")]
-    assert sorted(methods) == ["answer_oracle", "build_model", "build_pool", "coach_advice", "config", "oracle_problems",
-                               "run"]
+    assert sorted(methods) == ["answer_oracle", "build_model", "build_pool", "config", "oracle_problems", "pretrain",
+                               "problem_files"]
     assert [m for m in methods if m != "config" and f".{m}(cfg" not in code and f".{m}(self.cfg" not in code] == []
+
+
+ECHO_WORLD = Path(__file__).resolve().parent / "worlds"
+"""A world outside the package: ``echo_world.py`` and ``echo.yaml``, nothing else."""
+
+
+def echo_installed(tmp_path: Path) -> dict:
+    """The environment of a machine where the echo world is installed as a package of its own: its folder on the
+    path and a ``dist-info`` with its entry point (group ``soar.worlds``), as ``pip install`` writes them."""
+    site = tmp_path / "site"
+    info = site / "echo_world-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-world\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[soar.worlds]\necho = echo_world\n")
+    path = [str(site), str(ECHO_WORLD), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+ECHO_STEP = """
+import json, sys
+import soar
+from soar.data import load_problems, render_prompt
+from soar.grading import make_grader
+from soar.worlds.base import answer_oracle_hook, build_pool_hook
+cfg = soar.compose(["world=echo", "model.path=unused", *sys.argv[2:]])
+pool = load_problems(cfg.data, str(build_pool_hook(cfg, sys.argv[1])))
+grader, oracle = make_grader(cfg.data.grader), answer_oracle_hook(cfg)
+print(json.dumps({
+    "world": dict(cfg.world), "model_max_context": cfg.model.max_context, "data_build": cfg.data.build,
+    "grader": cfg.data.grader, "prompt": render_prompt(cfg.data.prompt_template, pool[0].question),
+    "problems": [[p.question, p.answer] for p in pool],
+    "right": [grader.correct("\\\\boxed{" + p.question + "}", p.answer) for p in pool],
+    "wrong": [grader.correct("\\\\boxed{" + str(int(p.question) + 1) + "}", p.answer) for p in pool],
+    "oracle": [oracle(p.question) == p.answer for p in pool] + [oracle("12ab") is None],
+    "oracle_problems": [p.id for p in soar.worlds.base.configured_world(cfg).oracle_problems(cfg, 3)]}))
+"""
+
+
+def test_a_new_world_is_one_module_and_one_yaml(tmp_path):
+    """A world outside the package (``tests/worlds``: ``echo_world.py`` + ``echo.yaml``), named by an entry point,
+    composes with ``world=echo``: its YAML sets the world's fields over its dataclass and the model and data
+    defaults it brings, the command line still wins, and the steps that need no training run: its hard-set pool,
+    the data config's prompt and grader on it, its oracle, and ``soar-world problems``."""
+    with pytest.raises(Exception, match="echo"):  # not installed: no such world
+        soar.compose(["world=echo"])
+    env = echo_installed(tmp_path)
+    res = subprocess.run([sys.executable, "-c", ECHO_STEP, str(tmp_path / "pool"), "world.pool_size=6"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    template = "Repeat {question}: "
+    assert out["world"] == {"name": "echo", "seed": 0, "digits": 5, "pool_size": 6, "student_template": template}
+    assert (out["model_max_context"], out["data_build"], out["grader"]) == (64, "world", "integer")
+    assert len(out["problems"]) == 6 and all(q == a and len(q) == 5 and q.isdigit() for q, a in out["problems"])
+    assert out["prompt"] == f"Repeat {out['problems'][0][0]}: "
+    assert all(out["right"]) and not any(out["wrong"]) and all(out["oracle"])
+    assert out["oracle_problems"] == ["oracle/0", "oracle/1", "oracle/2"]
+    cli = subprocess.run([script("soar-world"), "problems", "world=echo", f"run.dir={tmp_path / 'cli'}"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert json.loads(cli.stdout.strip().splitlines()[-1]) == {"pool": str(tmp_path / "cli" / "pool.jsonl")}
+    assert len((tmp_path / "cli" / "pool.jsonl").read_text().splitlines()) == 16

@@ -123,7 +123,8 @@ def main() -> None:
     from soar.generation import HFGenerator, correctness
     from soar.grading import make_grader
     from soar.models import load_model, load_tokenizer, set_threads
-    from soar.worlds.arith import family_problems, pretrain, write_families
+    from soar.worlds.arith import family_problems, write_families
+    from soar.worlds.arith_pretrain import pretrain
     from soar.worlds.base import get_world
 
     overrides = ["data=arith", "data.path=unused", *WORLD_RECIPE, *args.overrides]

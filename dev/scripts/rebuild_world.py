@@ -44,7 +44,8 @@ def main() -> None:
     import torch
 
     import soar
-    from soar.worlds.arith import SHIPPED, pretrain, shipped_dir, world_hash
+    from soar.worlds.arith import SHIPPED, shipped_dir, world_hash
+    from soar.worlds.arith_pretrain import pretrain
     from soar.worlds.base import get_world
 
     cfg = soar.compose([f"experiment={args.experiment}", *args.overrides])

@@ -11,6 +11,7 @@ from soar.team.credit import CREDITS
 from soar.team.formats import PARSERS, SCORERS, TOOLS
 from soar.team.sandbox import NETWORK_MODES
 from soar.validation import fail
+from soar.worlds import arith_team_formats  # noqa: F401  (registers the team world's parsers, tools and scorer)
 
 
 def validate_team(cfg) -> None:

@@ -1,5 +1,5 @@
 """What a team's roles write and use: output parsers (``PARSERS``), tools (``TOOLS``) and programmatic process
-scorers (``SCORERS``), each a registry a world adds to (``soar.worlds.arith_team`` registers the embedded
+scorers (``SCORERS``), each a registry a world adds to (``soar.worlds.arith_team_formats`` registers the embedded
 world's). Model text is untrusted: a parser never raises on it, it returns ``Parsed(ok=False, reason=...)``.
 
 Built in:

@@ -1,23 +1,35 @@
-"""The ``World`` interface: what a task domain gives the SOAR stages, and the registry behind
-``world=<name>`` (the pattern of tinker-cookbook's ``Env`` and nanochat's ``Task``).
+"""The ``World`` interface: a task domain's model, problems, prompts, grading and (where it has one) an
+exact-answer oracle, and the registry behind ``world=<name>`` (the pattern of tinker-cookbook's ``Env`` and
+nanochat's ``Task``).
 
-A world is one module in ``soar/worlds/`` that subclasses ``World`` and registers it::
+A world is one module that subclasses ``World`` and registers it, plus one YAML::
 
     @register_world
     class MyWorld(World):
-        name = "mine"                   # world=mine, conf/world/mine.yaml (defaults: [mine_schema, _self_])
+        name = "mine"                   # world=mine
         config_class = MyWorldConfig    # its settings (cfg.world); the dataclass defaults are the only ones
         def build_model(self, cfg): ...             # model.build: world
         def build_pool(self, cfg, out_dir): ...     # data.build: world
         ...
 
-Importing ``soar.worlds`` imports every module of that folder, so a second world is one new file. Its
-prompts and grader are settings like any other: ``conf/world/<name>.yaml`` and its ``data`` config
-(``conf/data/arith.yaml`` reads the student template from ``${world.student_template}``).
+The YAML (``conf/world/mine.yaml``, or ``config_file`` beside a module outside the package) is
+``# @package _global_`` with ``defaults: [/world/mine_schema@world, _self_]``: its ``world:`` node sets the
+world's fields, and its ``model:`` and ``data:`` nodes the model and data defaults the world brings
+(``model.build: world``, ``data.build: world``, its grader, ``data.prompt_template:
+${world.student_template}``): they apply after the model and data groups and before an experiment and the
+command line. (``conf/world/arith.yaml`` predates this and sets the world alone: the presets choose
+``model=arith`` and ``data=arith``.)
+
+The package's worlds are imported by ``soar.worlds``; a world of another package is named by an entry
+point of group ``soar.worlds`` (``[project.entry-points."soar.worlds"] mine = "mypackage.mine"``). Every
+world module is imported whenever a config is composed, so it imports no torch and no role code at its
+top: what needs them (pretraining its model) is a module of its own, imported inside the method that
+needs it (``ArithWorld.pretrain``).
 
 Three config fields hand work to the configured world when set to ``world``, or to a ``module:function``
 of the user's: ``model.build`` (``build_model_hook``), ``data.build`` (``build_pool_hook``) and
-``loop.answer_oracle`` (``answer_oracle_hook``).
+``loop.answer_oracle`` (``answer_oracle_hook``). ``soar-world pretrain|problems`` (``soar.cli``) calls
+``pretrain`` and ``problem_files``; a world's programmatic coach is ``soar.coach.WORLD_COACHES``.
 """
 
 from __future__ import annotations
@@ -37,14 +49,17 @@ it to the configured world (``cfg.world.name``)."""
 
 
 class World:
-    """A task domain: its model, its hard-set candidates, the real questions an oracle trains on, the
-    exact answers to its questions and its ``soar-world`` commands. Methods take the run's composed config
-    ``cfg``; ``self.config(cfg)`` is the world's own typed settings (``cfg.world``)."""
+    """A task domain: its model, its hard-set candidates, the real questions an oracle trains on and the
+    exact answers to its questions (its prompts and grader are settings of its YAML). Methods take the
+    run's composed config ``cfg``; ``self.config(cfg)`` is the world's own typed settings (``cfg.world``)."""
 
     name: ClassVar[str]
     """``world=<name>``; also the ``name`` field of its config."""
     config_class: ClassVar[type]
     """The dataclass of ``cfg.world`` (its defaults are the world's only defaults)."""
+    config_file: ClassVar[Path | None] = None
+    """The world's YAML when it is not ``conf/world/<name>.yaml`` (a world outside the package ships it
+    beside its module); ``soar.hydra_config`` registers it as ``world=<name>``."""
 
     def config(self, cfg) -> Any:
         """``cfg.world`` as ``config_class``, its dataclass defaults under the given values."""
@@ -54,10 +69,20 @@ class World:
         """``model.build: world`` (``soar.stage``): the base model folder (HF format), built, cached or shipped."""
         raise NotImplementedError
 
+    def pretrain(self, cfg) -> Path:
+        """``soar-world pretrain``: build the world model (or reuse this world's own build of it), never a
+        copy the package ships; its folder. By default ``build_model``."""
+        return self.build_model(cfg)
+
     def build_pool(self, cfg, out_dir: Path) -> Path:
         """``data.build: world`` (``soar-train``'s hard set, ``soar.prepare``): write the hard-set candidates
         (before fail@k) under ``out_dir``; their path."""
         raise NotImplementedError
+
+    def problem_files(self, cfg, out_dir: Path) -> dict[str, Path]:
+        """``soar-world problems``: write the world's problem files under ``out_dir``; name -> path. By
+        default the hard-set candidates alone (``pool``)."""
+        return {"pool": self.build_pool(cfg, out_dir)}
 
     def oracle_problems(self, cfg, count: int) -> list[Problem]:
         """``soar-eval eval.method=oracle`` without ``eval.oracle_path``: ``count`` real questions that
@@ -70,21 +95,9 @@ class World:
         world's. Measurement only (``teacher/answer_correct_frac``): never a reward."""
         return None
 
-    def coach_advice(self, cfg, question: str, attempt: str, noise: float, rng) -> str | None:
-        """``distill.coach: world``: a programmatic coach's advice for ``question``, computed from the
-        question and (if the world's recipe reads it) the student's ``attempt``, never the reference answer;
-        ``noise`` in [0, 1] (``distill.coach_noise``) makes it that wrong, drawing from ``rng`` (a numpy
-        Generator). A stand-in for an LLM coach (``soar.coach``); None if it has none."""
-        raise ConfigError(f"config error: distill.coach: world {self.name!r} has no programmatic coach "
-                          "(World.coach_advice); use distill.coach=llm")
-
-    def run(self, cfg, command: str) -> None:
-        """``soar-world <command>`` (``pretrain``, ``problems``)."""
-        raise NotImplementedError
-
 
 WORLDS: dict[str, World] = {}
-"""Registered worlds by name (every module of ``soar/worlds/`` is imported with the package)."""
+"""Registered worlds by name (``soar.worlds`` imports the package's worlds and those of entry points)."""
 
 
 def register_world(world_class: type[World]) -> type[World]:
