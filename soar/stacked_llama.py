@@ -2,8 +2,8 @@
 forward, backward or decode step serves all S copies with batched matrix products (``torch.bmm``).
 
     stack = StackedLlama(model, copies=16)        # model: a transformers LlamaForCausalLM
-    tokens_SRT = stack.sample(stack.params, prompt_ids_SQP, prompt_mask_SQP, n=8, max_tokens=24, stop_ids=[2],
-                              uniforms_SRT=u, temperature=1.0)
+    tokens_SCT = stack.sample(stack.params, prompt_ids_SQP, prompt_mask_SQP, n=8, max_tokens=24, stop_ids=[2],
+                              uniforms_SCT=u, temperature=1.0)
     tree = CompletionTree.build(completions_SQ, pad_id=0)     # each prompt's completions as a prefix tree
     logp_SQN = stack.tree_logprobs(stack.params, prompt_ids_SQP, prompt_mask_SQP, tree, temperature=1.0)
 
@@ -23,9 +23,10 @@ students of one outer step (``soar.students.stacked``):
   ``transformers`` places a left-padded prompt), completions right-padded; a padded position may only see
   itself, so no attention row is empty.
 
-Shape suffixes: ``S`` copies, ``Q`` prompts per copy, ``n`` samples per prompt, ``R`` = Q·n rows, ``G`` =
-S·Q prompt groups, ``P`` prompt width, ``W`` completion positions, ``N`` tree nodes and ``I`` inner nodes
-(those with children) per prompt, ``V`` vocabulary, ``H`` hidden size.
+Shape suffixes (beside ``soar``'s legend): ``S`` copies, ``Q`` prompts per copy, ``n`` samples per prompt,
+``C`` = Q·n completion rows, ``U`` = S·Q prompts of all copies, ``P`` prompt width, ``W`` completion
+positions, ``N`` tree nodes and ``I`` inner nodes (those with children) per prompt, ``V`` vocabulary, ``H``
+hidden size.
 """
 
 from __future__ import annotations
@@ -124,65 +125,65 @@ class StackedLlama:
                               * self._proj(params, pre + "up_proj", x))
 
     def _split_attention(self, q, prompt_k, prompt_v, prompt_allowed_G11P, own_k, own_v, own_allowed_B1WK, n: int):
-        """Attention of the G·n rows' queries q (G·n, heads, W, d) over their prompt's keys (G, kv, P, d),
-        allowed where ``prompt_allowed`` (G, 1, 1, P), and their own keys (G·n, kv, K, d), allowed where
-        ``own_allowed`` (G·n or 1, 1, W, K): one softmax over both parts, computed in two products so the prompt's keys
-        are read once per prompt. Returns (G·n, heads, W, d)."""
-        G, kv, P, d = prompt_k.shape
+        """Attention of the U·n rows' queries q (U·n, heads, W, d) over their prompt's keys (U, kv, P, d),
+        allowed where ``prompt_allowed`` (U, 1, 1, P), and their own keys (U·n, kv, K, d), allowed where
+        ``own_allowed`` (U·n or 1, 1, W, K): one softmax over both parts, computed in two products so the prompt's keys
+        are read once per prompt. Returns (U·n, heads, W, d)."""
+        U, kv, P, d = prompt_k.shape
         rep, W = self.heads // kv, q.shape[2]
         scale = d ** -0.5
-        # (G·n, heads, W, d) -> (G, kv, rep·n·W, d): every query of a prompt against its keys at once
-        q_prompt = q.reshape(G, n, kv, rep, W, d).permute(0, 2, 3, 1, 4, 5).reshape(G, kv, rep * n * W, d)
+        # (U·n, heads, W, d) -> (U, kv, rep·n·W, d): every query of a prompt against its keys at once
+        q_prompt = q.reshape(U, n, kv, rep, W, d).permute(0, 2, 3, 1, 4, 5).reshape(U, kv, rep * n * W, d)
         # the softmax in float32 (as transformers' eager attention), the products in the weights' dtype
-        scores_p = (q_prompt @ prompt_k.transpose(-1, -2)).float() * scale  # (G, kv, rep·n·W, P)
+        scores_p = (q_prompt @ prompt_k.transpose(-1, -2)).float() * scale  # (U, kv, rep·n·W, P)
         scores_p = scores_p.masked_fill(~prompt_allowed_G11P, float("-inf"))
-        scores_o = (q.reshape(G * n, kv, rep * W, d) @ own_k.transpose(-1, -2)).float() * scale  # (G·n, kv, rep·W, K)
+        scores_o = (q.reshape(U * n, kv, rep * W, d) @ own_k.transpose(-1, -2)).float() * scale  # (U·n, kv, rep·W, K)
         scores_o = scores_o.masked_fill(~own_allowed_B1WK.repeat(1, 1, rep, 1), float("-inf"))
-        # the same layout for both: (G, kv, rep, n, W, ·)
-        scores_p = scores_p.view(G, kv, rep, n, W, P)
-        scores_o = scores_o.view(G, n, kv, rep, W, -1).permute(0, 2, 3, 1, 4, 5)
+        # the same layout for both: (U, kv, rep, n, W, ·)
+        scores_p = scores_p.view(U, kv, rep, n, W, P)
+        scores_o = scores_o.view(U, n, kv, rep, W, -1).permute(0, 2, 3, 1, 4, 5)
         top = torch.maximum(scores_p.amax(-1, keepdim=True), scores_o.amax(-1, keepdim=True)).detach()
         weights_p, weights_o = (scores_p - top).exp(), (scores_o - top).exp()
         total = weights_p.sum(-1, keepdim=True) + weights_o.sum(-1, keepdim=True)
         dtype = prompt_v.dtype
-        out_p = weights_p.reshape(G, kv, rep * n * W, P).to(dtype) @ prompt_v  # (G, kv, rep·n·W, d)
-        out_o = weights_o.permute(0, 3, 1, 2, 4, 5).reshape(G * n, kv, rep * W, -1).to(dtype) @ own_v  # (G·n, kv, rep·W, d)
-        out = out_p.view(G, kv, rep, n, W, d) + out_o.view(G, n, kv, rep, W, d).permute(0, 2, 3, 1, 4, 5)
+        out_p = weights_p.reshape(U, kv, rep * n * W, P).to(dtype) @ prompt_v  # (U, kv, rep·n·W, d)
+        out_o = weights_o.permute(0, 3, 1, 2, 4, 5).reshape(U * n, kv, rep * W, -1).to(dtype) @ own_v  # (U·n, kv, rep·W, d)
+        out = out_p.view(U, kv, rep, n, W, d) + out_o.view(U, n, kv, rep, W, d).permute(0, 2, 3, 1, 4, 5)
         out = (out / total).to(dtype)
-        return out.permute(0, 3, 1, 2, 4, 5).reshape(G * n, self.heads, W, d)
+        return out.permute(0, 3, 1, 2, 4, 5).reshape(U * n, self.heads, W, d)
 
     def _decode_attention(self, q, prompt_kT, prompt_v, prompt_allowed_G11P, own_k, own_v, n: int):
-        """``_split_attention`` for one new position per row (q: (G·n, heads, 1, d); the prompts' keys
-        transposed, (G, kv, d, P); own keys (G·n, kv, K, d), all allowed), with the rows' own part as
+        """``_split_attention`` for one new position per row (q: (U·n, heads, 1, d); the prompts' keys
+        transposed, (U, kv, d, P); own keys (U·n, kv, K, d), all allowed), with the rows' own part as
         elementwise products, which beat many tiny matrix products."""
-        G, kv, d, P = prompt_kT.shape
+        U, kv, d, P = prompt_kT.shape
         rep = self.heads // kv
         scale = d ** -0.5
-        q_rows = q.view(G * n, kv, rep, d)
-        scores_p = (q_rows.view(G, n, kv, rep, d).transpose(1, 2).reshape(G, kv, n * rep, d)
-                    @ prompt_kT).float() * scale  # (G, kv, n·rep, P)
+        q_rows = q.view(U * n, kv, rep, d)
+        scores_p = (q_rows.view(U, n, kv, rep, d).transpose(1, 2).reshape(U, kv, n * rep, d)
+                    @ prompt_kT).float() * scale  # (U, kv, n·rep, P)
         scores_p = scores_p.masked_fill(~prompt_allowed_G11P, float("-inf"))
-        scores_p = scores_p.view(G, kv, n, rep, P).transpose(1, 2).reshape(G * n, kv, rep, P)
-        scores_o = (q_rows[:, :, :, None, :] * own_k[:, :, None]).float().sum(-1) * scale  # (G·n, kv, rep, K)
+        scores_p = scores_p.view(U, kv, n, rep, P).transpose(1, 2).reshape(U * n, kv, rep, P)
+        scores_o = (q_rows[:, :, :, None, :] * own_k[:, :, None]).float().sum(-1) * scale  # (U·n, kv, rep, K)
         top = torch.maximum(scores_p.amax(-1, keepdim=True), scores_o.amax(-1, keepdim=True))
         weights_p, weights_o = (scores_p - top).exp(), (scores_o - top).exp()
         total = weights_p.sum(-1, keepdim=True) + weights_o.sum(-1, keepdim=True)
         dtype = prompt_v.dtype
-        out_p = weights_p.view(G, n, kv, rep, P).transpose(1, 2).reshape(G, kv, n * rep, P).to(dtype) @ prompt_v
-        out_p = out_p.view(G, kv, n, rep, d).transpose(1, 2).reshape(G * n, kv, rep, d)
-        out_o = (weights_o[..., None].to(dtype) * own_v[:, :, None]).sum(-2)  # (G·n, kv, rep, d)
-        return ((out_p + out_o) / total).to(dtype).reshape(G * n, self.heads, 1, d)
+        out_p = weights_p.view(U, n, kv, rep, P).transpose(1, 2).reshape(U, kv, n * rep, P).to(dtype) @ prompt_v
+        out_p = out_p.view(U, kv, n, rep, d).transpose(1, 2).reshape(U * n, kv, rep, d)
+        out_o = (weights_o[..., None].to(dtype) * own_v[:, :, None]).sum(-2)  # (U·n, kv, rep, d)
+        return ((out_p + out_o) / total).to(dtype).reshape(U * n, self.heads, 1, d)
 
     # ---- prompts ------------------------------------------------------------------------------
     def prefill(self, params, prompt_ids_SQP, prompt_mask_SQP) -> "Prompts":
         """Run the (left-padded) prompts (``Prompts``: what their completions need of them)."""
         S, Q, P = prompt_ids_SQP.shape
-        mask_GP = prompt_mask_SQP.reshape(S * Q, P).bool()
-        device = mask_GP.device
-        allowed = torch.ones(P, P, dtype=torch.bool, device=device).tril_() & mask_GP[:, None, :]
-        allowed = (allowed | torch.eye(P, dtype=torch.bool, device=device))[:, None]  # (G, 1, P, P)
+        mask_UP = prompt_mask_SQP.reshape(S * Q, P).bool()
+        device = mask_UP.device
+        allowed = torch.ones(P, P, dtype=torch.bool, device=device).tril_() & mask_UP[:, None, :]
+        allowed = (allowed | torch.eye(P, dtype=torch.bool, device=device))[:, None]  # (U, 1, P, P)
         h = self._embed(params, prompt_ids_SQP.reshape(S, Q * P))
-        rope = self._rope((mask_GP.long().cumsum(-1) - 1).clamp_(min=0), h)
+        rope = self._rope((mask_UP.long().cumsum(-1) - 1).clamp_(min=0), h)
         keys, values = [], []
         for i in range(self.layers):
             q, k, v = self._qkv(params, i, h, Q, P, rope)
@@ -191,7 +192,7 @@ class StackedLlama:
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.head_dim ** -0.5,
                                                   enable_gqa=self.kv_heads != self.heads)
             h = self._finish_layer(params, i, h, attn)
-        return Prompts(keys, values, mask_GP[:, None, None, :], self._logits(params, h.view(S, Q, P, -1)[:, :, -1]),
+        return Prompts(keys, values, mask_UP[:, None, None, :], self._logits(params, h.view(S, Q, P, -1)[:, :, -1]),
                        prompt_mask_SQP.sum(-1))
 
     # ---- log-probs of given completions ---------------------------------------------------------
@@ -240,9 +241,9 @@ class StackedLlama:
     # ---- sampling ------------------------------------------------------------------------------
     @torch.no_grad()
     def sample(self, params, prompt_ids_SQP, prompt_mask_SQP, n: int, max_tokens: int, stop_ids: list[int],
-               uniforms_SRT: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+               uniforms_SCT: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
         """Completions (S, R, max_tokens), row q·n + i being sample i of prompt q, drawn with
-        ``uniforms_SRT[:, row, t]`` (``soar.samples.draw_tokens``; greedy when None). Rows that still agree
+        ``uniforms_SCT[:, row, t]`` (``soar.samples.draw_tokens``; greedy when None). Rows that still agree
         (same prompt, same tokens so far) are run once: each step runs one representative of every distinct
         unfinished prefix, whose keys and values all its rows then share. Rows are extended past their stop
         (callers cut at the first stop id); decoding ends when every row has stopped (later positions hold
@@ -267,10 +268,10 @@ class StackedLlama:
         stopped = torch.zeros(B, dtype=torch.bool, device=device)
         logits_BV = first_SQV[:, :, None].expand(S, Q, n, vocab).reshape(B, -1)
         for t in range(max_tokens):
-            if uniforms_SRT is None:
+            if uniforms_SCT is None:
                 drawn.append(logits_BV.argmax(-1))
             else:
-                drawn.append(draw_tokens(logits_BV, uniforms_SRT[:, :, t].reshape(-1), temperature))
+                drawn.append(draw_tokens(logits_BV, uniforms_SCT[:, :, t].reshape(-1), temperature))
             stopped |= torch.isin(drawn[-1], stops)
             if t + 1 == max_tokens or bool(stopped.all()):
                 break
@@ -306,7 +307,7 @@ class StackedLlama:
 @dataclass
 class Prompts:
     """What completions need of their (left-padded) prompts, from ``StackedLlama.prefill``: per layer the
-    prompts' keys and values (G, kv_heads, P, d), the mask of their real positions (G, 1, 1, P), the logits
+    prompts' keys and values (U, kv_heads, P, d), the mask of their real positions (U, 1, 1, P), the logits
     of the token after each prompt (S, Q, V) and their lengths (S, Q)."""
 
     keys: list

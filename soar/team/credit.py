@@ -103,9 +103,9 @@ def group_means(episodes: list[EpisodeRecord], values: list[float]) -> dict[int,
 
 def shared_outcome(episodes, actions, kl, p: CreditParams) -> CreditResult:
     r_E = episode_rewards(episodes, p.fix_bonus)
-    mean_G = group_means(episodes, r_E)
+    group_mean = group_means(episodes, r_E)
     rewards = [0.0 if a.leaked else r_E[a.episode] for a in actions]
-    adv = [r - mean_G[episodes[a.episode].group] for a, r in zip(actions, rewards)]
+    adv = [r - group_mean[episodes[a.episode].group] for a, r in zip(actions, rewards)]
     return CreditResult(rewards, [[x] * a.tokens for a, x in zip(actions, adv)])
 
 
