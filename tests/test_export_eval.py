@@ -302,6 +302,7 @@ def test_micro_train_export_eval_report(micro_run, tmp_path):
     assert "| SOAR-PQ | 1 |" in md and "![pass_at_k.png](pass_at_k.png)" in md and "| `micro-" in md
 
 
+@pytest.mark.slow  # 43 s (2026-12-07, docs/loop.md): students trained on two runs' datasets
 def test_after_promotion_scores_two_runs_datasets_against_one_promoted_student(micro_run, no_promotion_run, tmp_path):
     """``dev/scripts/after_promotion.py --against``: the same datasets with the same seeds give a paired
     difference of exactly zero; ``--carries`` adds one oracle-answered dataset per carry group, of the

@@ -27,6 +27,7 @@ def engine_cfg(rehearsal_model_dir, tmp_path_factory):
     shutdown_engines()
 
 
+@pytest.mark.slow  # 40.5 s (2026-12-07, docs/loop.md): the module's vLLM engine starts here
 def test_vllm_conditions_on_the_trainer_ids_and_stops_like_hf(engine_cfg, tmp_path):
     from soar.generation import make_generator
     from soar.models import load_model, load_tokenizer
