@@ -10,8 +10,6 @@ import os
 import sys
 from contextlib import contextmanager
 
-import torch
-
 GIB = 2**30
 DEFAULT_GPU_GIB = 79.0
 """GPU memory per device when ``resources.gpu_memory_gb`` is null and no GPU is visible: an H100 80GB
@@ -26,6 +24,8 @@ def gpu_capacity_gib(cfg) -> float:
     """``resources.gpu_memory_gb``, else the visible GPU's total memory, else ``DEFAULT_GPU_GIB``."""
     if cfg.resources.gpu_memory_gb is not None:
         return float(cfg.resources.gpu_memory_gb)
+    import torch  # here: the plan's sums and the stage list load no torch (tests/test_config.py)
+
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory / GIB
     return DEFAULT_GPU_GIB
@@ -47,6 +47,8 @@ def on_gpu(cfg) -> bool:
     device = cfg.model.device
     if device is not None:
         return str(device).startswith("cuda")
+    import torch
+
     return torch.cuda.is_available()
 
 

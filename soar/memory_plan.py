@@ -56,8 +56,6 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from soar.config import INFERENCE_METHODS, LOGITS_CHUNK_ELEMENTS, ConfigError
 from soar.machine import GIB, gpu_capacity_gib, in_ray_actor
 from soar.resolve import resolve_backend
@@ -124,6 +122,7 @@ class ModelShape:
 def model_shape(source, trust_remote_code: bool = False) -> ModelShape:
     """The shape of ``source``: a ``transformers`` config, or a model folder / hub id (its
     ``config.json``; a hub id needs the hub or its cache), built on the ``meta`` device."""
+    import torch  # here, not at the top: --cfg job and the plan's stage list stay light (tests/test_config.py)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if isinstance(source, (str, Path)):

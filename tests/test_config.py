@@ -162,6 +162,7 @@ def test_composing_a_config_imports_no_torch_and_no_role():
 @pytest.mark.parametrize("command, args", [
     ("train_main", ["experiment=arith_micro"]), ("team_main", ["experiment=team_scr_arith_micro"]),
     ("world_main", ["pretrain", "world=arith_team_micro"]), ("estimate_main", ["--plan", "experiment=paper_math"]),
+    ("estimate_main", ["--plan", "--stage", "rl", "experiment=band_rl"]),
 ])
 def test_cfg_job_imports_no_torch_and_no_role(command, args):
     """Any command's ``--cfg job`` (here ``soar-train experiment=arith_micro --cfg job`` and others) composes and
