@@ -15,7 +15,7 @@ import torch
 
 from soar.data import render_prompt
 from soar.memory_plan import planned_engine_bytes, process_training_bytes
-from soar.resolve import resolve_backend  # noqa: F401  (re-exported: the backend of a role)
+from soar.resolve import resolve_backend
 from soar.samples import Generator, Sample, SamplingParams, draw_tokens, sampling_uniforms
 from soar.tokens import encode_prompts, stop_token_ids
 from soar.vllm_backend import VLLMGenerator, engine_for, generate_together  # vllm itself is imported on first use
