@@ -170,12 +170,10 @@ QUESTION_REWARDS: dict[str, Callable[[float], float]] = {
 }
 """The intrinsic rewards by name: a question's reward from the base student's success rate s on it."""
 
-TEACHER_REWARDS: dict[str, TeacherReward] = {
-    name: TeacherReward(fn, trains_students=name in STUDENT_TRAINING_REWARDS) for name, fn in {
-        "grounded": grounded,
-        **{name: functools.partial(intrinsic, question_reward=fn) for name, fn in QUESTION_REWARDS.items()},
-    }.items()
-}
+_REWARD_FUNCTIONS = {"grounded": grounded, **{name: functools.partial(intrinsic, question_reward=fn)
+                                                for name, fn in QUESTION_REWARDS.items()}}
+TEACHER_REWARDS: dict[str, TeacherReward] = {name: TeacherReward(fn, trains_students=name in STUDENT_TRAINING_REWARDS)
+                                             for name, fn in _REWARD_FUNCTIONS.items()}
 """``teacher.reward`` -> its function of (``GroupRecord``, ``RewardState``) and whether it trains students (and
 so whether there are any to promote), the latter from ``soar.student_tasks.STUDENT_TRAINING_REWARDS`` (which
 the ``${student_tasks:}`` resolver reads without importing the roles). The loop and ``soar.validation`` read it."""
