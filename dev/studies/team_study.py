@@ -1,24 +1,26 @@
 """The machinery both pre-registered team studies share (dev/studies/team_scr, dev/studies/team_mappa): run
-every (arm, seed) of a study's ``protocol.json`` with ``soar-team`` (resumable), pack each finished run into
-``raw/``, and analyse the packed runs alone, refusing partial data.
+every (arm, seed) of a study's ``protocol.json`` with ``soar-team`` from the frozen commit's code (resumable),
+pack each finished run into ``raw/``, and analyse the packed runs alone, refusing partial data.
 
-    python dev/studies/team_scr/run.py --out /tmp/team_scr_runs            # resumable; --status: counts only
-    python dev/studies/team_scr/analyze.py                                 # raw/ -> results.json
+    git worktree add --detach /work/studies/team/code $(cat dev/studies/team_scr/FROZEN_COMMIT)
+    nice -n 5 python dev/studies/team_scr/run.py --code /work/studies/team/code --out /work/studies/team_scr
+    python dev/studies/team_scr/run.py --code . --out /tmp/team_scr_toy --toy     # the pipeline at toy size
+    python dev/studies/team_scr/analyze.py                                        # raw/ -> results.json
 
-A run is ``soar-team <preset> seed=<s> run.dir=<out>/<arm>_s<s> <common overrides> <arm overrides>``; a killed
-run resumes from its checkpoint when ``run.py`` is rerun (``soar-team``'s own resume). The analysis: per arm
-the primary metric at the fixed read-out step, per seed; mean +- SE (ddof 1); each arm minus its named
-baseline paired by seed, two-sided paired t (``soar.stats``). Secondary metrics are reported, never gated.
+First the world model, once for both studies: ``soar-world pretrain <preset> world.out_dir=<world model>``
+(``dev/studies/team_world_model/``, committed beside the raw data so that a study finished on another
+machine uses the same weights; ``--toy``: the tests' micro team world model, ``world_model_dir`` of its
+section). Then a run is ``soar-team <preset> seed=<s> run.dir=<out>/<arm>_s<s> world.out_dir=<world model>
+<common overrides> <arm overrides>``; a killed run resumes from its checkpoint when ``run.py`` is rerun
+(``soar-team``'s own resume). The analysis: per arm the primary metric at the fixed read-out step, per seed;
+mean +- SE (ddof 1); each arm minus its named baseline paired by seed, two-sided paired t (``soar.stats``).
+Secondary metrics are reported, never gated.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,81 +29,66 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from common import Commands, check_frozen, load_protocol, pack_run, packed, read_jsonl_gz  # noqa: E402  (dev/studies/common.py)
+
 from soar.stats import mean_se, paired_t  # noqa: E402
 
-PACKED = ("config.yaml", "meta.json", "summary.json", "problems.json")
-
-
-def protocol(here: Path) -> dict:
-    return json.loads((here / "protocol.json").read_text())
+WORLD_MODEL = Path(__file__).resolve().parent / "team_world_model"
+"""The team world model both studies run on (built by the first study's ``run.py``, then committed)."""
 
 
 def run_name(arm: str, seed: int) -> str:
     return f"{arm}_s{seed}"
 
 
-def command(proto: dict, arm: str, seed: int, run_dir: Path) -> list[str]:
-    team = Path(sys.executable).parent / "soar-team"
-    entry = [str(team)] if team.exists() else [sys.executable, "-c", "from soar.cli import team_main; team_main()"]
-    return [*entry, proto["preset"], f"seed={seed}", f"run.dir={run_dir}", *proto["common_overrides"],
-            *proto["arms"][arm]]
-
-
-def pack(run_dir: Path, dest: Path) -> Path:
-    """``metrics.jsonl`` gzipped and the run's provenance files: what the analysis reads."""
-    dest.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "metrics.jsonl", "rb") as fin, gzip.GzipFile(dest / "metrics.jsonl.gz", "wb", mtime=0) as fout:
-        shutil.copyfileobj(fin, fout)
-    for name in PACKED:
-        shutil.copyfile(run_dir / name, dest / name)
-    return dest
+def team_args(proto: dict, arm: str, seed: int, run_dir: Path, world_model: Path) -> list[str]:
+    return [proto["preset"], f"seed={seed}", f"run.dir={run_dir}", f"world.out_dir={world_model}",
+            *proto["common_overrides"], *proto["arms"][arm]]
 
 
 def run_main(here: Path) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--code", required=True, help="a worktree of the frozen commit (FROZEN_COMMIT beside protocol.json)")
     ap.add_argument("--out", required=True, help="where the run folders go")
-    ap.add_argument("--raw", default=str(here / "raw"), help="where finished runs are packed")
+    ap.add_argument("--raw", default=None, help="where finished runs are packed (default: this folder's raw/; "
+                                                 "--toy: <out>/raw)")
+    ap.add_argument("--world-model", default=None, help=f"the world model's folder (default: {WORLD_MODEL}, or the "
+                                                         "protocol's world_model_dir in --code), built there if absent")
     ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--status", action="store_true", help="how many runs are finished (no numbers)")
+    ap.add_argument("--status", action="store_true", help="how many runs are packed (no numbers)")
     ap.add_argument("--pilot", action="store_true", help="time one run of each arm on the pilot seed (not analysed)")
+    ap.add_argument("--toy", action="store_true", help="protocol.json's toy sizes: a smoke test, never data")
     args = ap.parse_args()
-    proto, out, raw = protocol(here), Path(args.out).resolve(), Path(args.raw).resolve()
+    proto, out = load_protocol(here, args.toy), Path(args.out).resolve()
+    raw = Path(args.raw or (out / "raw" if args.toy else here / "raw")).resolve()
     seeds = [proto["pilot_seed"]] if args.pilot else proto["seeds"]
     jobs = [(arm, s) for s in seeds for arm in proto["arms"]]
-
-    def finished(job) -> bool:
-        name = run_name(*job)
-        return (raw / name / "summary.json").exists() or (out / name / "summary.json").exists()
-
     if args.status:
-        print(f"{sum(map(finished, jobs))} of {len(jobs)} runs finished")
+        print(f"{sum(packed(raw / run_name(*job)) for job in jobs)} of {len(jobs)} runs packed")
         return
+    if not args.toy:
+        check_frozen(here, Path(args.code))
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
-           "TOKENIZERS_PARALLELISM": "false"}
-    t0 = time.perf_counter()
+    cmd, t0 = Commands(Path(args.code), out / "timings.jsonl"), time.perf_counter()
+    world_model = Path(args.world_model or (Path(args.code) / proto["world_model_dir"] if "world_model_dir" in proto
+                                            else WORLD_MODEL)).resolve()
+    if not (world_model / "train_info.json").exists():
+        cmd.soar("soar-world", ["pretrain", proto["preset"], f"world.out_dir={world_model}", "run.progress=false"],
+                 out / "world_model.log")
+        print(f"built the world model in {world_model} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     def run(job) -> None:
-        arm, seed = job
-        name = run_name(arm, seed)
-        if (raw / name / "summary.json").exists():
+        name, started = run_name(*job), time.perf_counter()
+        if packed(raw / name):
             return
-        started = time.perf_counter()
         if not (out / name / "summary.json").exists():
-            with open(out / f"{name}.log", "a") as log:
-                subprocess.run(command(proto, arm, seed, out / name), env=env, cwd=REPO, stdout=log,
-                               stderr=subprocess.STDOUT, check=True)
+            cmd.soar("soar-team", team_args(proto, *job, out / name, world_model), out / f"{name}.log")
         if not args.pilot:
-            pack(out / name, raw / name)
+            pack_run(out / name, raw / name, {"problems.json": out / name / "problems.json"})
         print(f"done {name} in {time.perf_counter() - started:.0f} s ({time.perf_counter() - t0:.0f} s in all)", flush=True)
 
     with ThreadPoolExecutor(args.parallel) as pool:
         list(pool.map(run, jobs))
-
-
-def read_rows(folder: Path) -> list[dict]:
-    with gzip.open(folder / "metrics.jsonl.gz", "rt") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def value_at(rows: list[dict], metric: str, step: int):
@@ -121,7 +108,7 @@ def analyze(proto: dict, raw: Path, allow_partial: bool = False) -> dict:
             if not (folder / "summary.json").exists():
                 missing.append(run_name(arm, seed))
                 continue
-            rows = read_rows(folder)
+            rows = read_jsonl_gz(folder / "metrics.jsonl.gz")
             v = value_at(rows, metric, step)
             if v is None:
                 raise SystemExit(f"{folder}: no {metric} at the read-out step {step}")
@@ -153,8 +140,9 @@ def analyze_main(here: Path) -> None:
     ap.add_argument("--raw", default=str(here / "raw"))
     ap.add_argument("--out", default=str(here / "results.json"))
     ap.add_argument("--allow-partial", action="store_true", help="tests on a sample only; never for the report")
+    ap.add_argument("--toy", action="store_true", help="protocol.json's toy sizes (with --raw and --out of a toy run)")
     args = ap.parse_args()
-    result = analyze(protocol(here), Path(args.raw), args.allow_partial)
+    result = analyze(load_protocol(here, args.toy), Path(args.raw), args.allow_partial)
     Path(args.out).write_text(json.dumps(result, indent=1))
     for arm, a in result["arms"].items():
         p = a["primary"]
