@@ -3,7 +3,7 @@ on the T = 200 gate (issue 50 §5: SOAR-PQ - Base-T PQ by teacher seed -42.1, +0
 Writes ``dev/results/pq_reversal.json``; the teacher seed is the unit (``soar.stats``).
 
     python dev/scripts/pq_reversal.py                                  # (a), (b) and (c) from committed data
-    nice -n 10 python dev/scripts/pq_reversal.py --train runs/pq_reversal --students 4   # (c)'s students first
+    nice -n 5 python dev/scripts/pq_reversal.py --train runs/pq_reversal --code <worktree> --parallel 2  # (c) first
 
 (a) **Data quality** of every Promotion Questions set behind the fresh students of the curriculum-mixing
     gates (τ = 0.02 seeds 0-2 and 3-5, T = 200 seeds 3-5; ``dev/results/raw``), through the world's
@@ -23,7 +23,7 @@ Writes ``dev/results/pq_reversal.json``; the teacher seed is the unit (``soar.st
     where it is not ``first``). Protocol: the recorded students' (40 steps at lr 1e-4, curriculum with 13
     synthetic-only steps, 32 samples on the 145 hard-test problems, fixed step 20) with evaluations every
     ``--eval-every`` steps (20: the fixed and last steps, at two thirds of the CPU time). ``--train``
-    runs the missing students one at a time (resumable) and packs each ``eval.json`` into
+    runs the missing students (``--parallel`` at a time, resumable) and packs each ``eval.json`` into
     ``dev/results/raw/pq_reversal/``; the analysis reads only the packed files (none yet: ``c_ablation``
     then says it was not run).
 (d) **The students one by one**: each PQ-row student's readings, its accuracy on its PQ questions in the
@@ -215,8 +215,11 @@ def queue(arm_sets: dict, students_per_arm: int) -> list[tuple[str, int]]:
     return [(a, int(a.split("_s")[1]) * 100 + j) for j in range(students_per_arm) for a in names]
 
 
-def train(out: Path, students_per_arm: int, eval_every: int) -> None:
-    """Run the missing ablation students one at a time (soar-eval, one thread), packing each eval.json."""
+def train(out: Path, students_per_arm: int, eval_every: int, code: Path, parallel: int) -> None:
+    """Run the missing ablation students (soar-eval of ``code``, one thread each, ``parallel`` at a time),
+    packing each eval.json."""
+    from concurrent.futures import ThreadPoolExecutor
+
     arm_sets = arms()
     hard = out / "hard_set"
     hard.mkdir(parents=True, exist_ok=True)
@@ -226,29 +229,33 @@ def train(out: Path, students_per_arm: int, eval_every: int) -> None:
         path = out / "questions" / f"{arm}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps({k: r[k] for k in ("id", "question", "answer")}) + "\n" for r in rows))
-    import soar
-    from soar.prepare import resolve_model_path
-
-    cfg = soar.compose(["experiment=arith"])
-    resolve_model_path(cfg)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    for arm, k in queue(arm_sets, students_per_arm):
+           "PYTHONPATH": str(code)}
+    resolve = ("import soar; from soar.stage import resolve_model_path; "
+               "cfg = soar.compose(['experiment=arith']); resolve_model_path(cfg); print(cfg.model.path)")
+    model_path = subprocess.run([sys.executable, "-c", resolve], env=env, cwd=code, capture_output=True, text=True,
+                                check=True).stdout.strip().splitlines()[-1]  # the code's own world model
+
+    def student(job) -> None:
+        arm, k = job
         packed = RAW / "pq_reversal" / f"{arm}_k{k}" / "eval.json.gz"
         if packed.exists():
-            continue
+            return
         run_dir = out / "eval" / f"{arm}_k{k}"
         if not (run_dir / "eval.json").exists():
             args = [sys.executable, "-c", "import sys; from soar.cli import eval_main as m; sys.argv[0] = 'soar-eval'; m()",
-                    *EVAL, f"eval.eval_every={eval_every}", f"model.path={cfg.model.path}", f"loop.hard_set={hard}",
+                    *EVAL, f"eval.eval_every={eval_every}", f"model.path={model_path}", f"loop.hard_set={hard}",
                     f"eval.questions={out / 'questions' / f'{arm}.jsonl'}", f"seed={k}", f"eval.label={arm}",
                     f"run.dir={run_dir}"]
-            with open(out / "eval.log", "a") as log:
-                subprocess.run(args, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
+            with open(out / f"eval_{arm}_k{k}.log", "a") as log:
+                subprocess.run(args, env=env, cwd=code, stdout=log, stderr=subprocess.STDOUT, check=True)
         packed.parent.mkdir(parents=True, exist_ok=True)
         with gzip.GzipFile(packed, "wb", mtime=0) as fh:
             fh.write((run_dir / "eval.json").read_bytes())
         print(f"done {arm} k {k}", flush=True)
+
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(student, queue(arm_sets, students_per_arm)))
 
 
 def ablation() -> dict:
@@ -300,9 +307,12 @@ def main() -> None:
     ap.add_argument("--train", help="a work folder: run the ablation's missing students there first")
     ap.add_argument("--students", type=int, default=4, help="fresh students per ablation arm")
     ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--code", default=str(REPO), help="the checkout whose soar-eval trains the students (a worktree "
+                                                       "of a fixed commit for a long run)")
+    ap.add_argument("--parallel", type=int, default=1, help="students trained side by side (one thread each)")
     args = ap.parse_args()
     if args.train:
-        train(Path(args.train).resolve(), args.students, args.eval_every)
+        train(Path(args.train).resolve(), args.students, args.eval_every, Path(args.code).resolve(), args.parallel)
     from scipy import stats
 
     report: dict = {"unit": "the teacher seed (a gate's run pair); pass@32 in points; SE ddof 1"}
