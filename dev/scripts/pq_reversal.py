@@ -310,7 +310,13 @@ def main() -> None:
     ap.add_argument("--code", default=str(REPO), help="the checkout whose soar-eval trains the students (a worktree "
                                                        "of a fixed commit for a long run)")
     ap.add_argument("--parallel", type=int, default=1, help="students trained side by side (one thread each)")
+    ap.add_argument("--status", action="store_true", help="how many of (c)'s students are packed (no numbers)")
     args = ap.parse_args()
+    if args.status:
+        jobs = queue(arms(), args.students)
+        done = sum((RAW / "pq_reversal" / f"{arm}_k{k}" / "eval.json.gz").exists() for arm, k in jobs)
+        print(f"{done} of {len(jobs)} ablation students packed")
+        return
     if args.train:
         train(Path(args.train).resolve(), args.students, args.eval_every, Path(args.code).resolve(), args.parallel)
     from scipy import stats
