@@ -124,3 +124,22 @@ def test_band_rl_analysis(tmp_path):
                 write_band_arm(tmp_path / "short", a, s, 0.1, 0.2, step)
     proc = analyze("band_rl", tmp_path / "short", tmp_path / "r2.json")
     assert proc.returncode != 0 and "read-out step" in proc.stderr
+
+
+def test_queue_stages_name_scripts_and_fixed_commits():
+    """dev/queue.json: every stage's script exists, its commit is a full sha (literal or a FROZEN_COMMIT file) that
+    this clone holds, and every registered study is queued."""
+    stages = json.loads((REPO / "dev" / "queue.json").read_text())["stages"]
+    studies = {p.parent.name for p in STUDIES.glob("*/protocol.json")}
+    assert studies <= {s["name"] for s in stages} and len({s["name"] for s in stages}) == len(stages)
+    shallow = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"], capture_output=True,
+                             text=True)
+    has_history = shallow.returncode == 0 and shallow.stdout.strip() == "false"  # a shallow or no clone: names only
+    for stage in stages:
+        assert (REPO / stage["command"].split()[0]).is_file(), stage["name"]
+        spec = stage["commit"]
+        sha = (REPO / spec.removeprefix("file:")).read_text().strip() if spec.startswith("file:") else spec
+        assert len(sha) == 40 and int(sha, 16) >= 0, stage["name"]
+        if has_history:
+            found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{sha}^{{commit}}"], capture_output=True)
+            assert found.returncode == 0, f"{stage['name']}: {sha} is not a commit of this clone"

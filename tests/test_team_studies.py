@@ -19,12 +19,13 @@ from conftest import REPO
 STUDIES = REPO / "dev" / "studies"
 sys.path.insert(0, str(STUDIES))
 
-from team_study import analyze, command, protocol  # noqa: E402  (dev/studies/team_study.py)
+from common import load_protocol  # noqa: E402  (dev/studies/common.py)
+from team_study import analyze, team_args  # noqa: E402  (dev/studies/team_study.py)
 
 
 @pytest.mark.parametrize("study", ["team_scr", "team_mappa"])
 def test_protocol_arms_are_valid_configs(study):
-    proto = protocol(STUDIES / study)
+    proto = load_protocol(STUDIES / study)
     assert len(proto["seeds"]) >= 5 and proto["readout_step"] == soar.compose([proto["preset"]]).student.max_steps
     assert set(proto["baselines"]) <= set(proto["arms"]) and set(proto["baselines"].values()) <= set(proto["arms"])
     for arm, overrides in proto["arms"].items():
@@ -33,7 +34,20 @@ def test_protocol_arms_are_valid_configs(study):
         episodes = cfg.student.max_steps * cfg.student.questions_per_step * cfg.student.group_size
         assert episodes == 6400, (arm, episodes)  # budgets matched in episodes
         if overrides:
-            assert command(proto, arm, 3, Path("/x"))[-len(overrides):] == overrides
+            assert team_args(proto, arm, 3, Path("/x"), Path("/w"))[-len(overrides):] == overrides
+
+
+@pytest.mark.parametrize("study", ["team_scr", "team_mappa"])
+def test_toy_protocol_is_the_same_pipeline_on_the_micro_world(study):
+    """``run.py --toy``: every arm of the registered study, on the tests' micro team world model, read out at its
+    last step (never data)."""
+    proto, toy = load_protocol(STUDIES / study), load_protocol(STUDIES / study, toy=True)
+    assert toy["arms"] == proto["arms"] and toy["baselines"] == proto["baselines"]
+    assert (REPO / toy["world_model_dir"] / "train_info.json").exists()
+    for overrides in toy["arms"].values():
+        cfg = soar.compose([toy["preset"], *toy["common_overrides"], *overrides])
+        validate_team(cfg)
+        assert cfg.student.max_steps == toy["readout_step"]
 
 
 def write_run(raw: Path, name: str, value: float, identity: str = "sha256:abc", step: int = 200) -> None:
@@ -48,7 +62,7 @@ def write_run(raw: Path, name: str, value: float, identity: str = "sha256:abc", 
 
 
 def test_analysis_by_hand_and_refusals(tmp_path):
-    proto = protocol(STUDIES / "team_mappa")
+    proto = load_protocol(STUDIES / "team_mappa")
     raw = tmp_path / "raw"
     # every arm's value = its index / 10 + seed / 100: each arm minus its baseline is the same for every seed
     index = {arm: i for i, arm in enumerate(proto["arms"])}
