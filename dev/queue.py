@@ -82,6 +82,8 @@ def main() -> None:
     except BlockingIOError:
         raise SystemExit(f"another queue holds {work / 'queue.lock'}") from None
     for stage in stages:
+        if others_running(stage):
+            print(f"{time.strftime('%F %T')} {stage['name']}: its script runs elsewhere; waiting for it to end", flush=True)
         while others_running(stage):
             time.sleep(60)
         code, t0 = worktree(stage, work), time.perf_counter()
